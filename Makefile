@@ -1,0 +1,25 @@
+# The kit's two commands. Each creates .venv on first use and installs the pinned
+# dependencies (torch==2.13.0 is the CPU build on this machine's disk).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/kvkit grade
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 -q
+
+bench: $(STAMP)
+	$(VENV)/bin/kvkit bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,176 @@
+"""Planted mutants: each catalogued mistake planted around a correct implementation.
+
+``plant(mistake_id, KVCache, gqa_attention)`` takes any implementation of the
+NumPy contract (the reference, or a learner's own finished code) and returns a
+``(KVCache, gqa_attention)`` pair that makes exactly that mistake. Wrapping,
+rather than editing a copy of some reference source, means a mutant never
+carries reference code: it can run next to a candidate's tests, inside the
+grader's sandbox or in the starter bundle, without giving an answer away.
+
+The attention mistakes are all "the wrong keys are visible": the wrapper
+recomputes each affected query as a decode step over the window of keys the
+mistake would let it see, using the wrapped implementation itself. Slow, and
+only meant for the small inputs of tests and diagnosis.
+
+This file is self-contained (NumPy only) so it can be copied into a sandbox.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+# Visible-window rules: how many keys (0 .. c-1) query slot ``t`` of row ``b``
+# sees. ``pos`` is its correct absolute position, ``lens`` the row length after
+# the append, ``n`` the row's new tokens, ``T`` the slots, ``S`` = lens.max().
+# Returning ``pos + 1`` is the correct rule; ``None`` means "left undefined"
+# (no key visible: real code gives 0, NaN or anything, so diagnosis skips it).
+WINDOWS = {
+    # Top-left aligned mask over [T, S]; decode (T == 1) skips the mask.
+    "chunk_local_mask": lambda pos, t, lens, n, T, S: pos + 1 if T == 1 else min(t + 1, lens),
+    # Sees its successor too (silent at decode: nothing follows the last token).
+    "off_by_one_mask": lambda pos, t, lens, n, T, S: min(pos + 2, lens),
+    # Not itself: the first token sees nothing.
+    "off_by_one_mask/too_few": lambda pos, t, lens, n, T, S: pos if pos > 0 else None,
+    # Positions counted from the batch's longest row, so a shorter row's query
+    # also sees the empty slots past its own length.
+    "ragged_keys_unmasked": lambda pos, t, lens, n, T, S: min(S - n + t + 1, S),
+    # The same with one bottom-right mask for the whole batch: tril(ones(T, S), S - T).
+    "ragged_keys_unmasked/batch_mask": lambda pos, t, lens, n, T, S: max(min(S - T + t + 1, S), 0) or None,
+}
+
+# Every variant the grader compares a wrong output against, by mistake id.
+VARIANTS = {
+    "chunk_local_mask": ["chunk_local_mask"],
+    "off_by_one_mask": ["off_by_one_mask", "off_by_one_mask/too_few"],
+    "ragged_keys_unmasked": ["ragged_keys_unmasked", "ragged_keys_unmasked/batch_mask"],
+    "modulo_head_mapping": ["modulo_head_mapping"],
+    "missing_scale": ["missing_scale"],
+    "nan_padding": ["nan_padding"],
+}
+
+# Mistakes whose planted mutant differs from the correct code in what a test can
+# observe (outputs, buffers, lens); the rest show only in time or memory.
+PLANTED = ["chunk_local_mask", "off_by_one_mask", "ragged_keys_unmasked", "modulo_head_mapping",
+           "missing_scale", "nan_padding", "length_before_write", "concat_growth"]
+
+
+def _windowed(rule, KVCache, gqa_attention):
+    """An attention that lets each query see ``rule(...)`` keys, built on a correct one."""
+
+    def attention(q, cache, n_new):
+        out = np.array(gqa_attention(q, cache, n_new), dtype=np.asarray(q).dtype)
+        q = np.asarray(q)
+        n_new = np.asarray(n_new, dtype=np.int64)
+        lens = np.asarray(cache.lens, dtype=np.int64)
+        B, Hq, T, d = q.shape
+        kv_heads = cache.k.shape[1]
+        S = int(lens.max()) if B else 0
+        for b in range(B):
+            for t in range(int(n_new[b])):
+                pos = int(lens[b] - n_new[b]) + t
+                c = rule(pos, t, int(lens[b]), int(n_new[b]), T, S)
+                if c is None:
+                    out[b, :, t] = np.nan
+                elif c != pos + 1:
+                    # The query as a decode step over exactly keys 0 .. c-1.
+                    window = KVCache(1, kv_heads, c, d, dtype=cache.k.dtype)
+                    window.append(cache.k[b:b + 1, :, :c], cache.v[b:b + 1, :, :c], np.array([c]))
+                    single = np.zeros((1, Hq, c, d), dtype=q.dtype)
+                    single[0, :, c - 1] = q[b, :, t]
+                    out[b, :, t] = np.asarray(gqa_attention(single, window, np.array([c])))[0, :, c - 1]
+        return out
+
+    return attention
+
+
+def _modulo_heads(gqa_attention):
+    """Query head h reads KV head h % Hkv: permute the heads around a correct h // G."""
+
+    def attention(q, cache, n_new):
+        q = np.asarray(q)
+        Hq, kv_heads = q.shape[1], cache.k.shape[1]
+        G = Hq // kv_heads
+        h = np.arange(Hq)
+        # Head h = a * Hkv + j should read KV head j; slot j * G + a does under h // G.
+        slot = (h % kv_heads) * G + h // kv_heads
+        moved = np.empty_like(q)
+        moved[:, slot] = q
+        return np.asarray(gqa_attention(moved, cache, n_new))[:, slot]
+
+    return attention
+
+
+def _missing_scale(gqa_attention):
+    def attention(q, cache, n_new):
+        d = np.asarray(q).shape[-1]
+        return gqa_attention(np.asarray(q) * math.sqrt(d), cache, n_new)
+
+    return attention
+
+
+def _nan_padding(gqa_attention):
+    def attention(q, cache, n_new):
+        out = np.array(gqa_attention(q, cache, n_new))
+        T = out.shape[2]
+        padded = np.arange(T)[None, :] >= np.asarray(n_new)[:, None]  # [B, T]
+        out[padded[:, None, :, None].repeat(out.shape[1], 1).repeat(out.shape[3], 3)] = np.nan
+        return out
+
+    return attention
+
+
+def _concat_growth(KVCache):
+    class ConcatCache(KVCache):
+        """Reallocates and copies the whole buffer on every append."""
+
+        def append(self, k_new, v_new, n_new):
+            super().append(k_new, v_new, n_new)
+            self.k = np.concatenate([self.k[:, :, :0], self.k], axis=2)
+            self.v = np.concatenate([self.v[:, :, :0], self.v], axis=2)
+
+    return ConcatCache
+
+
+def _length_before_write(KVCache):
+    class EagerLengths(KVCache):
+        """Advances each row's length before checking the next row for overflow."""
+
+        def append(self, k_new, v_new, n_new):
+            before = np.array(self.lens, copy=True)
+            try:
+                super().append(k_new, v_new, n_new)
+            except ValueError:
+                end = before + np.asarray(n_new, dtype=np.int64)
+                max_len = self.k.shape[2]
+                for b in range(len(end)):
+                    if end[b] > max_len:
+                        break
+                    self.lens[b] = end[b]
+                raise
+
+    return EagerLengths
+
+
+def plant(mistake_id: str, KVCache, gqa_attention):
+    """Return ``(KVCache, gqa_attention)`` that make the mistake ``mistake_id``.
+
+    ``mistake_id`` is a catalogue id from ``PLANTED`` or a key of ``WINDOWS``.
+
+    Raises:
+        KeyError: an id with no planted mutant (``kv_repeat``, ``max_len_scan``
+            show only in memory and time, never in outputs).
+    """
+    if mistake_id in WINDOWS:
+        return KVCache, _windowed(WINDOWS[mistake_id], KVCache, gqa_attention)
+    if mistake_id == "modulo_head_mapping":
+        return KVCache, _modulo_heads(gqa_attention)
+    if mistake_id == "missing_scale":
+        return KVCache, _missing_scale(gqa_attention)
+    if mistake_id == "nan_padding":
+        return KVCache, _nan_padding(gqa_attention)
+    if mistake_id == "concat_growth":
+        return _concat_growth(KVCache), gqa_attention
+    if mistake_id == "length_before_write":
+        return _length_before_write(KVCache), gqa_attention
+    raise KeyError(f"no planted mutant for mistake {mistake_id!r}; planted: {', '.join(PLANTED)}")

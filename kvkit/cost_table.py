@@ -1,0 +1,48 @@
+"""The cost table of SPEC section 2, computed from the cost model (never typed in).
+
+Figures: Llama 3.1 8B (32 layers, 8 KV heads, head_dim 128; Meta's config.json),
+bf16, 4,096 decode steps, H100 SXM at 3.35e12 B/s (NVIDIA datasheet),
+32 rows x 8,192 tokens of reservation, group size 4.
+"""
+from __future__ import annotations
+
+from solutions import cost
+
+LLAMA_8B = dict(layers=32, kv_heads=8, head_dim=128, bytes_per_element=2)
+STEPS = 4096
+H100_BYTES_PER_S = 3.35e12
+ROWS, MAX_LEN, GROUP = 32, 8192, 4
+MiB, GiB, TiB = 2**20, 2**30, 2**40
+
+
+def cost_rows() -> list[tuple[str, str]]:
+    """``(quantity, value)`` rows of the table, each computed with ``solutions.cost``."""
+    per_token = cost.kv_bytes_per_token(**LLAMA_8B)
+    copied = cost.concat_bytes_copied(STEPS, per_token)
+    final = cost.cache_bytes(STEPS, per_token)
+    return [
+        ("KV bytes per token, all layers", f"{per_token:,} B"),
+        (f"tokens copied by concatenation over {STEPS:,} decode steps", f"{copied // per_token:,}"),
+        ("bytes copied", f"{copied:.2e} B (about {copied / TiB:.1f} TiB)".replace("e+", "e")),
+        ("final cache", f"{final / MiB:,.0f} MiB"),
+        ("time at 3.35 TB/s (H100 SXM), read + write",
+         f"{cost.copy_seconds(copied, H100_BYTES_PER_S):.2f} s per sequence"),
+        ("preallocated write per new token", f"{per_token:,} B, whatever the length"),
+        (f"reservation, {ROWS} rows x {MAX_LEN:,} tokens",
+         f"{cost.reservation_bytes(ROWS, MAX_LEN, per_token) / GiB:.0f} GiB"),
+        (f"materialized KV repeat, G = {GROUP}, {STEPS:,}-token row",
+         f"{final / MiB:.0f} MiB of KV becomes {cost.repeat_bytes(final, GROUP) / GiB:.0f} GiB per decode step"),
+    ]
+
+
+def print_cost_table() -> None:
+    """Print the table to the terminal with rich."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Why the KV cache is allocated once (Llama 3.1 8B, bf16)")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    for quantity, value in cost_rows():
+        table.add_row(quantity, value)
+    Console().print(table)
