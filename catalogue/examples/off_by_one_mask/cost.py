@@ -1,0 +1,26 @@
+import math
+
+
+def kv_bytes_per_token(layers, kv_heads, head_dim, bytes_per_element):
+    return math.prod([2, layers, kv_heads, head_dim, bytes_per_element])
+
+
+def concat_bytes_copied(tokens, bytes_per_token):
+    # token i has to copy the i tokens that are already in the cache
+    return bytes_per_token * (tokens * (tokens - 1) // 2)
+
+
+def cache_bytes(tokens, bytes_per_token):
+    return tokens * bytes_per_token
+
+
+def copy_seconds(bytes_copied, bandwidth_bytes_per_s):
+    return 2 * bytes_copied / bandwidth_bytes_per_s
+
+
+def reservation_bytes(rows, max_len, bytes_per_token):
+    return rows * max_len * bytes_per_token
+
+
+def repeat_bytes(cache_bytes, group_size):
+    return cache_bytes * group_size

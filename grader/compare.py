@@ -1,0 +1,139 @@
+"""Compare a submission's outputs with the oracle, step by step, in the parent.
+
+Each step is classified by what it exercises (SPEC section 5): ``decode`` (T = 1,
+every row one new token, rows of one length), ``full_prefill`` (every row
+receives its whole content in one call, T = S), ``chunked_prefill`` (every row
+receives T > 1 tokens after earlier ones, T < S) and ``ragged`` (anything else:
+rows of different lengths, zero-token rows, padded slots). Hire's checks use the
+first three, which all have rows that share one length; ``ragged`` is a Strong
+Hire check. Real query slots are compared with the tolerance; padded slots are
+checked apart (exactly 0, finite, or not).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from grader.oracle import ReferenceHistory
+from grader.trials import Trial, hidden_suite
+
+TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
+
+
+def step_kinds(trial: Trial) -> list[str]:
+    """The kind of each step of ``trial`` (see the module docstring)."""
+    kinds, lens = [], np.zeros(trial.B, dtype=np.int64)
+    for step in trial.steps:
+        n, T = step.n_new, step.q.shape[2]
+        before, lens = lens, lens + n
+        uniform = trial.B > 0 and T > 0 and (n == T).all() and (before == before[0]).all()
+        if not uniform:
+            kinds.append("ragged")
+        elif T == 1 and before[0] > 0:
+            kinds.append("decode")
+        elif before[0] == 0:
+            kinds.append("full_prefill")
+        else:
+            kinds.append("chunked_prefill")
+    return kinds
+
+
+@lru_cache(maxsize=4)
+def oracle_outputs(seed: int, count: int) -> tuple:
+    """``(trials, expected)``: the hidden suite for ``seed`` and the oracle's output of every step."""
+    suite = hidden_suite(seed, count)
+    return suite, expected_outputs(suite)
+
+
+def expected_outputs(trials: list[Trial]) -> list[list[np.ndarray]]:
+    """The oracle's float64 output ``[B, Hq, T, d]`` for every step of every trial."""
+    expected = []
+    for trial in trials:
+        history = ReferenceHistory(trial.B, trial.Hkv, trial.d)
+        per_step = []
+        for step in trial.steps:
+            history.append(step.k_new, step.v_new, step.n_new)
+            per_step.append(history.expected(step.q, step.n_new))
+        expected.append(per_step)
+    return expected
+
+
+@dataclass
+class StepVerdict:
+    """What one step did: ``ok``, ``wrong``, ``raised``, ``bad_output`` or ``not_run``."""
+
+    trial: Trial
+    index: int
+    kind: str
+    status: str
+    detail: str = ""
+    error: dict | None = None
+    max_error: float = 0.0
+    padding: str = "none"  # "none" (no padded slot), "zero", "finite", "nonfinite"
+    dtype_ok: bool = True
+
+
+@dataclass
+class Comparison:
+    """Every step's verdict, grouped for the criteria."""
+
+    steps: list[StepVerdict] = field(default_factory=list)
+
+    def of_kind(self, kind: str) -> list[StepVerdict]:
+        return [s for s in self.steps if s.kind == kind]
+
+    def in_trials(self, prefix: str) -> list[StepVerdict]:
+        return [s for s in self.steps if s.trial.name.startswith(prefix)]
+
+
+def _real_mask(step, shape) -> np.ndarray:
+    """Boolean ``[B, Hq, T, d]``: True on real query slots (t < n_new[b])."""
+    B, Hq, T, d = shape
+    real = np.arange(T)[None, :] < step.n_new[:, None]
+    return np.broadcast_to(real[:, None, :, None], shape)
+
+
+def compare(trials: list[Trial], records: list, outputs: list, expected: list) -> Comparison:
+    """Verdicts for every step, from the child's ``records``/``outputs`` and the oracle's ``expected``."""
+    result = Comparison()
+    for trial, steps_rec, steps_out, steps_exp in zip(trials, records, outputs, expected):
+        kinds = step_kinds(trial)
+        tol = TOLERANCE.get(trial.dtype, 1e-5)
+        for i, step in enumerate(trial.steps):
+            verdict = StepVerdict(trial, i, kinds[i], "not_run")
+            result.steps.append(verdict)
+            record = steps_rec[i] if i < len(steps_rec) else None
+            if not isinstance(record, dict):
+                verdict.detail = "not run: an earlier append in this trial failed"
+                continue
+            if record.get("stage") in ("init", "append", "attention"):
+                verdict.status, verdict.error = "raised", record.get("error") or {}
+                verdict.detail = f"{record['stage']} raised {verdict.error.get('type', '?')}: {verdict.error.get('message', '')}"
+                continue
+            got = steps_out[i]
+            if got is None:
+                verdict.status = "bad_output"
+                verdict.detail = (f"returned {record.get('type')} of shape {record.get('shape')} and dtype "
+                                  f"{record.get('dtype')}; expected an array of shape {list(step.q.shape)}")
+                continue
+            verdict.dtype_ok = record.get("dtype") == trial.dtype
+            real = _real_mask(step, got.shape)
+            want = steps_exp[i]
+            diff = np.abs(np.where(real, got, 0.0) - np.where(real, want, 0.0))
+            with np.errstate(invalid="ignore"):
+                bad = ~(diff <= tol * np.maximum(1.0, np.abs(want)))
+            verdict.max_error = float(np.nanmax(np.where(np.isfinite(diff), diff, np.inf))) if diff.size else 0.0
+            padded = got[~real]
+            if padded.size:
+                verdict.padding = ("nonfinite" if not np.isfinite(padded).all()
+                                   else "zero" if not padded.any() else "finite")
+            verdict.status = "wrong" if bad.any() else "ok"
+    return result
+
+
+def first_failure(steps: list[StepVerdict]) -> StepVerdict | None:
+    """The failing step of the smallest trial (then the earliest step), among ``steps``."""
+    failing = [s for s in steps if s.status != "ok"]
+    return min(failing, key=lambda s: (s.trial.size, s.index)) if failing else None
