@@ -246,6 +246,22 @@ def probe_errors(mod):
     return cases
 
 
+def probe_cost(calls):
+    """What the submission's ``cost.py`` returns for each ``[label, function, args]`` call."""
+    if not os.path.exists("cost.py"):
+        return None
+    import cost
+
+    answers = {}
+    for label, name, args in calls:
+        try:
+            value = getattr(cost, name)(*args)
+            answers[label] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)[:80]
+        except BaseException as exc:  # noqa: BLE001
+            answers[label] = f"raised {type(exc).__name__}: {str(exc)[:120]}"
+    return answers
+
+
 # ---------------------------------------------------------------- torch port
 
 def torch_backend(torch):
@@ -356,6 +372,10 @@ def main(argv: list) -> int:
         if name in spec.get("probes", []):
             _section(results["numpy"], name, fn, mod)
             write()
+
+    if spec.get("cost_calls"):
+        _section(results, "cost", probe_cost, spec["cost_calls"])
+        write()
 
     if spec.get("torch"):
         results["torch"] = {}

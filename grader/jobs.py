@@ -39,9 +39,10 @@ def encode(trials: list[Trial], probes=(), torch: bool = False) -> tuple[dict, n
     return spec, (np.concatenate(chunks) if chunks else np.zeros(0))
 
 
-def pack(trials: list[Trial], job_dir: str, probes=(), torch: bool = False) -> None:
-    """Write ``trials`` as ``job.json`` + ``data.npy`` into ``job_dir``."""
+def pack(trials: list[Trial], job_dir: str, probes=(), torch: bool = False, **extra) -> None:
+    """Write ``trials`` as ``job.json`` + ``data.npy`` into ``job_dir`` (``extra``: more JSON keys)."""
     spec, data = encode(trials, probes, torch)
+    spec.update(extra)
     os.makedirs(job_dir, exist_ok=True)
     np.save(os.path.join(job_dir, "data.npy"), data, allow_pickle=False)
     with open(os.path.join(job_dir, "job.json"), "w") as f:

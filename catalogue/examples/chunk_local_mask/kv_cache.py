@@ -81,7 +81,8 @@ def gqa_attention(q, cache, n_new):
     neg = np.finfo(scores.dtype).min
     scores = np.where(mask, scores, neg)
     scores -= scores.max(axis=-1, keepdims=True)
-    probs = np.exp(scores) * mask
+    with np.errstate(under="ignore"):                     # exp(very negative) -> 0 is intended
+        probs = np.exp(scores) * mask
     denom = probs.sum(axis=-1, keepdims=True)
     probs = np.divide(probs, denom, out=np.zeros_like(probs), where=denom > 0)
     out = np.einsum("bkgts,bksd->bkgtd", probs, vals)

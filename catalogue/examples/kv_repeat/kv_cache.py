@@ -81,7 +81,8 @@ def gqa_attention(q, cache, n_new):
     att = np.where(allowed[:, None], att, NEG)
 
     att = att - att.max(-1, keepdims=True)
-    p = np.exp(att)
+    with np.errstate(under="ignore"):   # masked scores underflow to exactly 0
+        p = np.exp(att)
     p /= p.sum(-1, keepdims=True)
     res = p @ V
 

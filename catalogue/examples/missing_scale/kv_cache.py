@@ -74,7 +74,8 @@ def gqa_attention(q, cache, n_new):
             scores = Q @ K.T                          # [G, n, L]
             scores[:, mask] = MASKED
             scores -= scores.max(axis=-1, keepdims=True)
-            probs = np.exp(scores)
+            with np.errstate(under="ignore"):   # masked entries -> exactly 0
+                probs = np.exp(scores)
             probs /= probs.sum(axis=-1, keepdims=True)
             out[b, g * G:(g + 1) * G, :n] = probs @ V
     return out

@@ -79,7 +79,8 @@ def gqa_attention(q, cache, n_new):
         logits = np.where(visible, logits, -1e30)
 
         logits -= logits.max(-1, keepdims=True)
-        w = np.exp(logits)
+        with np.errstate(under="ignore"):    # the -1e30 entries underflow to 0
+            w = np.exp(logits)
         w /= w.sum(-1, keepdims=True)
         result[row, :, :c] = np.einsum("hgts,hsd->hgtd", w, V).reshape(Hq, c, D)
     return result

@@ -1,0 +1,160 @@
+"""``kvkit grade`` / ``python -m grader``: grade submissions and print their verdicts.
+
+With no SUBMISSION it grades the bundled example submissions of the mistakes
+catalogue (``catalogue/examples/``). A directory that holds no ``kv_cache.py``
+(nor notebook) is a folder of submissions: each entry in it is graded.
+Exit status: 0 when every submission was graded, whatever the verdicts; 2 on a
+usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from grader import report as report_mod
+from grader.grade import Options, grade
+from grader.rubric import RubricError, load as load_rubric
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "catalogue", "examples")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvkit grade", description=__doc__.split("\n\n")[0])
+    p.add_argument("submissions", nargs="*", metavar="SUBMISSION",
+                   help="a directory, a .py file, a .ipynb notebook, or a folder of them (default: the bundled examples)")
+    p.add_argument("--json", metavar="FILE", help="write the reports as JSON (a list; a directory: one file each)")
+    p.add_argument("--markdown", metavar="FILE", help="write the reports as Markdown")
+    p.add_argument("--gradescope", metavar="FILE", help="write Gradescope's results.json (one submission)")
+    p.add_argument("--seed", type=int, help="seed of the hidden trials (default: random, recorded in the report)")
+    p.add_argument("--jobs", type=int, default=1, help="submissions graded in parallel (default 1)")
+    p.add_argument("--timeout", type=float, default=60.0, help="wall-clock seconds per sandboxed run (default 60)")
+    p.add_argument("--trials", type=int, default=200, help="random trials (at least 200 for a verdict; default 200)")
+    p.add_argument("--rubric", metavar="FILE", help="a rubric TOML file (default: grader/rubric.toml)")
+    p.add_argument("--out", metavar="DIR", help="write each report into DIR/<name>.json as it completes, "
+                                                "plus summary.md and summary.csv")
+    p.add_argument("--resume", action="store_true", help="with --out: skip submissions already graded there")
+    p.add_argument("--isolation", choices=["auto", "process", "namespaces"], default="auto",
+                   help="process: child process and limits; namespaces: also Linux namespaces (auto: the best available)")
+    p.add_argument("--quiet", action="store_true", help="no per-submission verdicts on the terminal")
+    return p
+
+
+def expand(paths: list[str]) -> list[str]:
+    """Submissions named by ``paths``: a folder without kv_cache.py stands for its entries."""
+    found = []
+    for path in paths:
+        if os.path.isdir(path) and not os.path.exists(os.path.join(path, "kv_cache.py")) \
+                and not any(n.endswith(".ipynb") for n in os.listdir(path)):
+            found += sorted(os.path.join(path, n) for n in os.listdir(path)
+                            if not n.startswith(".") and (os.path.isdir(os.path.join(path, n)) or n.endswith((".py", ".ipynb"))))
+        else:
+            found.append(path)
+    return found
+
+
+def _grade_one(path: str, options: Options) -> dict:
+    return grade(path, options)
+
+
+def report_name(path: str) -> str:
+    """The file name a submission's report gets in ``--out``."""
+    return os.path.basename(os.path.normpath(path)).replace(os.sep, "_") + ".json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    paths = expand(args.submissions) if args.submissions else expand([EXAMPLES])
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        print(f"kvkit grade: no such submission: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    if args.jobs < 1 or args.timeout <= 0 or args.trials < 1:
+        print("kvkit grade: --jobs, --timeout and --trials must be positive", file=sys.stderr)
+        return 2
+    if args.resume and not args.out:
+        print("kvkit grade: --resume needs --out DIR", file=sys.stderr)
+        return 2
+    if args.gradescope and len(paths) != 1:
+        print("kvkit grade: --gradescope writes one submission's results; give exactly one", file=sys.stderr)
+        return 2
+    try:
+        rubric = load_rubric(args.rubric)
+    except RubricError as exc:
+        print(f"kvkit grade: {exc}", file=sys.stderr)
+        return 2
+    from grader import isolation
+
+    options = Options(seed=args.seed if args.seed is not None else random.SystemRandom().randrange(2**31),
+                      timeout=args.timeout, trials=args.trials, rubric=rubric,
+                      isolation=isolation.choose(args.isolation))
+    if options.isolation and options.isolation.warning and not args.quiet:
+        print(f"warning: {options.isolation.warning}", file=sys.stderr)
+
+    done = {}
+    if args.resume:
+        import json
+
+        for path in paths:
+            target = os.path.join(args.out, report_name(path))
+            try:
+                with open(target) as f:
+                    done[path] = json.load(f)
+            except (OSError, ValueError):
+                pass
+    todo = [p for p in paths if p not in done]
+    reports = dict(done)
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = Console(stderr=False)
+    show_progress = len(todo) > 1 and (args.jobs > 1 or args.quiet)
+
+    def finished(path, rep):
+        reports[path] = rep
+        if args.out:
+            report_mod.write_json_atomic(os.path.join(args.out, report_name(path)), rep)
+        if not args.quiet:
+            report_mod.print_report(rep, console)
+
+    if args.jobs == 1:
+        with Progress(console=console, transient=True, disable=not show_progress) as progress:
+            task = progress.add_task("grading", total=len(todo))
+            for path in todo:
+                finished(path, grade(path, options))
+                progress.advance(task)
+    else:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool, \
+                Progress(console=console, transient=True) as progress:
+            task = progress.add_task("grading", total=len(todo))
+            futures = {pool.submit(_grade_one, p, options): p for p in todo}
+            for future in as_completed(futures):
+                finished(futures[future], future.result())
+                progress.advance(task)
+
+    ordered = [reports[p] for p in paths]
+    if args.json:
+        if args.json.endswith(os.sep) or os.path.isdir(args.json):
+            for path in paths:
+                report_mod.write_json_atomic(os.path.join(args.json, report_name(path)), reports[path])
+        else:
+            report_mod.write_json_atomic(args.json, ordered)
+    if args.markdown:
+        report_mod.write_text_atomic(args.markdown, report_mod.markdown(ordered))
+    if args.gradescope:
+        report_mod.write_json_atomic(args.gradescope, report_mod.gradescope(ordered[0]))
+    if args.out:
+        from grader import summary
+
+        summary.write(ordered, args.out)
+    if len(ordered) > 1:
+        from grader import summary
+
+        summary.print_summary(ordered, console)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""Grade one submission: sandboxed runs, comparisons in the parent, rubric, report.
+
+The flow: lay the submission out in a fresh directory; write the hidden trials
+as ``.npy`` + JSON; run the self-contained harness there in a child process
+under limits; read back its answers as data; compare every output with the
+oracle; turn measurements into criteria; run the candidate's own tests against
+the submission and the planted mutants; apply the rubric. The report's keys are
+the stable schema ``kvkit.report/1`` (SPEC section 5).
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+
+from catalogue import mutants as catalogue_mutants
+from grader import compare, diagnose, evaluate, jobs, owntests, sandbox, scan
+from grader import rubric as rubric_mod
+from grader.submission import SubmissionError, materialize, name_of
+from solutions import cost as ref_cost
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CATALOGUE = os.path.join(os.path.dirname(HERE), "catalogue")
+SCHEMA = "kvkit.report/1"
+PROBES = ["in_place", "repeat", "overflow", "scan", "errors"]
+# The cost table's inputs (SPEC section 2) plus a second set, so no figure can be typed in.
+COST_CALLS = [
+    ["kv_bytes_per_token(32, 8, 128, 2)", "kv_bytes_per_token", [32, 8, 128, 2]],
+    ["kv_bytes_per_token(3, 5, 7, 4)", "kv_bytes_per_token", [3, 5, 7, 4]],
+    ["concat_bytes_copied(4096, 131072)", "concat_bytes_copied", [4096, 131072]],
+    ["concat_bytes_copied(10, 7)", "concat_bytes_copied", [10, 7]],
+    ["cache_bytes(4096, 131072)", "cache_bytes", [4096, 131072]],
+    ["copy_seconds(1099255234560, 3.35e12)", "copy_seconds", [1099255234560, 3.35e12]],
+    ["copy_seconds(300, 100.0)", "copy_seconds", [300, 100.0]],
+    ["reservation_bytes(32, 8192, 131072)", "reservation_bytes", [32, 8192, 131072]],
+    ["reservation_bytes(3, 10, 7)", "reservation_bytes", [3, 10, 7]],
+    ["repeat_bytes(536870912, 4)", "repeat_bytes", [536870912, 4]],
+    ["repeat_bytes(100, 3)", "repeat_bytes", [100, 3]],
+]
+
+
+def load_catalogue() -> tuple[dict, list]:
+    """``(mistakes, general_questions)`` from catalogue/mistakes.toml and interview.toml."""
+    with open(os.path.join(CATALOGUE, "mistakes.toml"), "rb") as f:
+        mistakes = tomllib.load(f)
+    with open(os.path.join(CATALOGUE, "interview.toml"), "rb") as f:
+        general = tomllib.load(f)["general"]
+    return mistakes, general
+
+
+@dataclass
+class Options:
+    """How to grade: the seed of the hidden trials, limits, rubric, isolation."""
+
+    seed: int = field(default_factory=lambda: random.SystemRandom().randrange(2**31))
+    timeout: float = 60.0
+    trials: int = 200
+    rubric: rubric_mod.Rubric = field(default_factory=rubric_mod.load)
+    isolation: object = None  # grader.isolation.Isolation, or None for the plain child
+
+
+def expected_costs() -> dict:
+    return {label: getattr(ref_cost, name)(*args) for label, name, args in COST_CALLS}
+
+
+def _outputs_by_trial(trials, outputs) -> dict:
+    return {t.name: out for t, out in zip(trials, outputs)}
+
+
+def _correctness_criteria(comparison) -> dict:
+    c = {
+        "head_mapping": evaluate.head_mapping(comparison),
+        "decode": evaluate.correctness("decode", comparison.of_kind("decode"), "decode"),
+        "full_prefill": evaluate.correctness("full_prefill", comparison.of_kind("full_prefill"), "full prefill"),
+        "chunked_prefill": evaluate.correctness("chunked_prefill", comparison.of_kind("chunked_prefill"),
+                                                "chunked prefill", allow_refusal=True),
+        "ragged_rows": evaluate.correctness("ragged_rows", comparison.of_kind("ragged"), "ragged-row"),
+        "padding": evaluate.padding(comparison),
+    }
+    return c
+
+
+def _name_mistakes(criteria: dict, comparison, outputs_by_trial) -> dict:
+    """``{mistake: evidence}``: measured ones, mutants matched exactly, then inferred ones."""
+    named = {}
+    for crit in criteria.values():
+        for m in crit.mistakes:
+            named.setdefault(m, crit.evidence)
+    matched = diagnose.match_mutants(comparison, outputs_by_trial)
+    for m, why in {**diagnose.infer(criteria, comparison), **matched}.items():
+        named[m] = why
+    # A refusal of chunked prefill with a clear error is not the chunk-local mistake.
+    if criteria["chunked_prefill"].status == "not_attempted":
+        named.pop("chunk_local_mask", None)
+    # Attach each name to the criterion the catalogue files it under.
+    mistakes_doc, _ = load_catalogue()
+    for m in named:
+        cid = mistakes_doc.get(m, {}).get("criterion")
+        if cid in criteria and m not in criteria[cid].mistakes:
+            criteria[cid].mistakes.append(m)
+    return named
+
+
+def _torch_section(results, trials, expected, job_dir) -> tuple[evaluate.Criterion, dict]:
+    """The port's criterion and the mistakes named in it."""
+    section = results.get("torch")
+    if not isinstance(section, dict):
+        return evaluate.Criterion("torch_port", "error", "the port was not run (the child stopped before it)"), {}
+    if section.get("import"):
+        err = section["import"]
+        return evaluate.Criterion("torch_port", "error",
+                                  f"kv_cache_torch.py failed to import: {err.get('type')}: {err.get('message')}"), {}
+    try:
+        outputs = jobs.read_outputs(job_dir, "out_torch.npy", trials, section.get("records"))
+    except ValueError as exc:
+        return evaluate.Criterion("torch_port", "error", f"the port's outputs are malformed: {exc}"), {}
+    comparison = compare.compare(trials, section["records"], outputs, expected)
+    criteria = _correctness_criteria(comparison)
+    named = _name_mistakes(criteria, comparison, _outputs_by_trial(trials, outputs))
+    ops = section.get("ops")
+    evidence = []
+    if isinstance(ops, dict) and "error" not in ops:
+        grew = [op for op in ops.get("append_ops", []) if op[0] in ("cat", "stack")]
+        if grew or not ops.get("same_storage"):
+            named["concat_growth"] = "append runs " + (", ".join(sorted({o[0] for o in grew})) or "a reallocation")
+        big = ops["G"] * ops["live_k_numel"]
+        copies = [op for op in ops.get("attention_ops", [])
+                  if not op[2] and (op[1] >= big or (op[0] in ("repeat_interleave", "repeat") and op[1] >= ops["live_k_numel"]))]
+        if copies:
+            named["kv_repeat"] = (f"attention runs {copies[0][0]} with an output of {copies[0][1]:,} elements "
+                                  f"(G x live K = {big:,})")
+        evidence.append(f"ops watched: append {len(ops.get('append_ops', []))}, attention "
+                        f"{len(ops.get('attention_ops', []))}, none copying K/V")
+    else:
+        evidence.append("the op watch did not complete")
+    overflow = evaluate.overflow(section.get("overflow"))
+    named.update({m: overflow.evidence for m in overflow.mistakes})
+    failed = [c.id for c in criteria.values() if c.status != "pass" and c.id != "chunked_prefill"
+              or (c.id == "chunked_prefill" and c.status == "fail")]
+    steps = len(comparison.steps)
+    if named or failed:
+        first = next((criteria[c].evidence for c in failed), "")
+        text = f"port mistakes: {', '.join(named) or 'none named'}" + (f"; {first}" if first else "")
+        return evaluate.Criterion("torch_port", "fail", text, sorted(named)), named
+    return evaluate.Criterion("torch_port", "pass", f"{steps} steps match the reference; " + "; ".join(evidence)), {}
+
+
+def _error_report(name, options, reason, started) -> dict:
+    crits = [{"id": cid, "title": spec["title"], "status": "error", "points": 0.0,
+              "max_points": float(spec["points"]), "evidence": reason, "mistakes": []}
+             for cid, spec in options.rubric.criteria.items()]
+    return {"schema": SCHEMA, "submission": name, "seed": options.seed, "tier": "Weak",
+            "tier_reason": f"not graded: {reason}", "score": 0.0, "max_score": options.rubric.max_score,
+            "criteria": crits, "mistakes": [], "isolation": "none", "duration_s": round(time.monotonic() - started, 2),
+            "error": reason, "notes": [], "follow_ups": [], "smallest_failing": None}
+
+
+def grade(path: str, options: Options | None = None) -> dict:
+    """Grade the submission at ``path`` (directory, .py or .ipynb) and return its report dict."""
+    options = options or Options()
+    started = time.monotonic()
+    name = name_of(path)
+    workdir = tempfile.mkdtemp(prefix="kvkit-sub-")
+    try:
+        try:
+            files = materialize(path, workdir)
+        except SubmissionError as exc:
+            return _error_report(name, options, str(exc), started)
+        if "kv_cache.py" not in files:
+            return _error_report(name, options, "no kv_cache.py in the submission", started)
+        return _grade_dir(name, workdir, files, options, started)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _grade_dir(name, workdir, files, options, started) -> dict:
+    trials, expected = compare.oracle_outputs(options.seed, options.trials)
+    job = os.path.join(workdir, ".kvkit")
+    has_torch = "kv_cache_torch.py" in files
+    jobs.pack(trials, job, probes=PROBES, torch=has_torch, cost_calls=COST_CALLS if "cost.py" in files else [])
+    shutil.copy(os.path.join(HERE, "harness.py"), os.path.join(job, "harness.py"))
+    limits = sandbox.Limits(wall_s=options.timeout, cpu_s=int(options.timeout * 2) + 5)
+    wrap = options.isolation.wrap if options.isolation else None
+    level = options.isolation.level if options.isolation else "process (rlimits, -I -S, private directory)"
+    child = sandbox.run_child([os.path.join(job, "harness.py"), job, *sandbox.site_dirs()], workdir, limits, wrap)
+    results = jobs.read_results(job)
+    notes = []
+    if child.reason:
+        notes.append(f"harness: {child.reason}")
+
+    if results is None or not isinstance(results.get("numpy"), dict):
+        reason = child.reason or "the child wrote no readable results"
+        report = _error_report(name, options, f"the submission could not be run: {reason}", started)
+        report["isolation"] = level
+        report["output_tail"] = child.output_tail[-500:]
+        return report
+    numpy_section = results["numpy"]
+    if numpy_section.get("import"):
+        err = numpy_section["import"]
+        report = _error_report(name, options, f"kv_cache.py failed to import: {err.get('type')}: {err.get('message')}",
+                               started)
+        report["isolation"] = level
+        return report
+
+    criteria = {}
+    try:
+        outputs = jobs.read_outputs(job, "out.npy", trials, numpy_section.get("records"))
+    except ValueError as exc:
+        report = _error_report(name, options, f"the child's outputs are malformed: {exc}", started)
+        report["isolation"] = level
+        return report
+    comparison = compare.compare(trials, numpy_section["records"], outputs, expected)
+    criteria.update(_correctness_criteria(comparison))
+    criteria["preallocated_in_place"] = evaluate.in_place(numpy_section.get("in_place"))
+    criteria["no_kv_repeat"] = evaluate.no_repeat(numpy_section.get("repeat"))
+    criteria["overflow_atomic"] = evaluate.overflow(numpy_section.get("overflow"))
+    criteria["live_length"] = evaluate.live_length(numpy_section.get("scan"))
+    criteria["cost_model"] = evaluate.cost_model(results.get("cost") if "cost.py" in files else None, expected_costs())
+
+    # Tampering: measured evidence from a process that rewired its own meters is void.
+    source = scan.scan(workdir)
+    tampered = list(results.get("tampered") or []) if isinstance(results.get("tampered"), list) else ["unreadable"]
+    if tampered or source["tamper"]:
+        why = "; ".join([f"runtime: {', '.join(map(str, tampered))} replaced" for _ in [0] if tampered] + source["tamper"][:3])
+        for cid in ("preallocated_in_place", "no_kv_repeat", "live_length"):
+            criteria[cid] = evaluate.Criterion(cid, "error", f"measurement not trusted: the submission touches the "
+                                               f"harness's tools ({why})")
+        notes.append(f"tampering suspected: {why}")
+
+    named = _name_mistakes(criteria, comparison, _outputs_by_trial(trials, outputs))
+    for mistake, places in source["hints"].items():
+        if mistake in named:
+            named[mistake] += f" (source: {', '.join(places[:3])})"
+
+    results_files = owntests.test_files(workdir)
+    own_results, own_child = owntests.run(workdir, limits, wrap) if results_files else (None, None)
+    criteria["own_tests"] = owntests.criterion(own_results, own_child, bool(results_files))
+
+    port_named = {}
+    if has_torch:
+        criteria["torch_port"], port_named = _torch_section(results, trials, expected, job)
+    else:
+        criteria["torch_port"] = evaluate.Criterion("torch_port", "not_attempted", "no kv_cache_torch.py")
+
+    notes += evaluate.edge_cases(comparison) + evaluate.dtype_notes(comparison)
+    notes += evaluate.input_errors(numpy_section.get("errors"))
+    for crit in criteria.values():
+        notes += crit.notes
+    return build_report(name, options, criteria, named, port_named, notes, level, started,
+                        diagnose.smallest_failing(comparison))
+
+
+def build_report(name, options, criteria, named, port_named, notes, level, started, smallest) -> dict:
+    """Assemble the ``kvkit.report/1`` dict from decided criteria and named mistakes."""
+    rubric = options.rubric
+    mistakes_doc, general = load_catalogue()
+    statuses = {cid: c.status for cid, c in criteria.items()}
+    tier, reason = rubric.tier(statuses, sorted(named), sorted(port_named))
+    crit_list, score = [], 0.0
+    for cid, spec in rubric.criteria.items():
+        c = criteria.get(cid) or evaluate.Criterion(cid, "error", "not measured")
+        points = float(spec["points"]) if c.status == "pass" else 0.0
+        score += points
+        crit_list.append({"id": cid, "title": spec["title"], "status": c.status, "points": points,
+                          "max_points": float(spec["points"]), "evidence": c.evidence, "mistakes": list(c.mistakes),
+                          "section": "torch" if cid == "torch_port" else "numpy", "tier": spec["tier"]})
+    all_named = sorted(set(named) | set(port_named))
+    follow_ups = [{"mistake": m, "question": mistakes_doc[m]["question"], "answer": mistakes_doc[m]["answer"]}
+                  for m in all_named if m in mistakes_doc]
+    if len(follow_ups) < 3:
+        follow_ups += [{"mistake": None, **q} for q in general[: 3 - len(follow_ups)]]
+    return {
+        "schema": SCHEMA, "submission": name, "seed": options.seed, "tier": tier, "tier_reason": reason,
+        "score": round(score, 2), "max_score": rubric.max_score, "criteria": crit_list,
+        "mistakes": all_named,
+        "mistake_evidence": {m: named.get(m) or port_named.get(m) for m in all_named},
+        "port_mistakes": sorted(port_named),
+        "smallest_failing": smallest, "notes": notes, "follow_ups": follow_ups,
+        "isolation": level, "duration_s": round(time.monotonic() - started, 2),
+        "trials": {"random": options.trials, "planted_mutants": list(catalogue_mutants.PLANTED)},
+    }

@@ -1,0 +1,75 @@
+"""The rubric: points per criterion and the Weak / Hire / Strong Hire rules, read from TOML.
+
+The default is ``grader/rubric.toml`` (SPEC section 5); an instructor passes a
+copy with other points or tiers. The tier rule:
+
+* Weak if the NumPy implementation has a mistake listed in ``weak_mistakes``,
+  or any criterion of tier "Hire" does not pass.
+* Strong Hire if, besides, every criterion of tier "Strong Hire" passes.
+* Otherwise Hire. A mistake named in the PyTorch port caps the tier at
+  ``port_mistake_cap``.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+
+DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rubric.toml")
+TIERS = ["Weak", "Hire", "Strong Hire"]
+
+
+class RubricError(ValueError):
+    """A rubric file that cannot be used (unreadable, unknown tier, missing points)."""
+
+
+@dataclass
+class Rubric:
+    criteria: dict  # id -> {"title", "points", "tier"}
+    weak_mistakes: list
+    port_mistake_cap: str
+    max_score: float
+
+    def tier(self, statuses: dict, numpy_mistakes: list, port_mistakes: list) -> tuple[str, str]:
+        """``(tier, reason)`` from criterion statuses and the mistakes named in each section."""
+        weak = [m for m in numpy_mistakes if m in self.weak_mistakes]
+        missing_hire = [c for c, spec in self.criteria.items() if spec["tier"] == "Hire" and statuses.get(c) != "pass"]
+        if weak:
+            return "Weak", f"mistake{'s' if len(weak) > 1 else ''} that make the verdict Weak: {', '.join(weak)}"
+        if missing_hire:
+            return "Weak", f"not Hire: {', '.join(missing_hire)} not passed"
+        missing_strong = [c for c, spec in self.criteria.items()
+                          if spec["tier"] == "Strong Hire" and statuses.get(c) != "pass"]
+        tier, reason = ("Hire", f"not Strong Hire: {', '.join(missing_strong)} not passed") if missing_strong \
+            else ("Strong Hire", "every Hire and Strong Hire criterion passes")
+        if port_mistakes and TIERS.index(tier) > TIERS.index(self.port_mistake_cap):
+            tier, reason = self.port_mistake_cap, f"capped by the PyTorch port: {', '.join(port_mistakes)}"
+        return tier, reason
+
+
+def load(path: str | None = None) -> Rubric:
+    """Read a rubric file (default: the kit's).
+
+    Raises:
+        RubricError: the file is missing or malformed, a tier is not one of
+            Hire / Strong Hire / none, or points are not numbers.
+    """
+    path = path or DEFAULT
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise RubricError(f"rubric {path}: {exc}") from exc
+    criteria = data.get("criteria")
+    if not isinstance(criteria, dict) or not criteria:
+        raise RubricError(f"rubric {path}: no [criteria.*] tables")
+    for cid, spec in criteria.items():
+        if not isinstance(spec.get("points"), (int, float)) or spec.get("tier") not in ("Hire", "Strong Hire", "none"):
+            raise RubricError(f"rubric {path}: criterion {cid} needs numeric points and tier Hire, Strong Hire or none")
+        spec.setdefault("title", cid)
+    tiers = data.get("tiers", {})
+    cap = tiers.get("port_mistake_cap", "Hire")
+    if cap not in TIERS:
+        raise RubricError(f"rubric {path}: port_mistake_cap must be one of {TIERS}, got {cap!r}")
+    max_score = float(data.get("max_score", sum(spec["points"] for spec in criteria.values())))
+    return Rubric(criteria, list(tiers.get("weak_mistakes", [])), cap, max_score)

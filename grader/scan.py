@@ -1,0 +1,41 @@
+"""A scan of the submission's source: supporting evidence, never a verdict.
+
+It points at lines that explain a measured mistake (``np.repeat`` beside a
+measured repeat) and flags code that reaches for the harness's own tools
+(tracemalloc, builtins, the ``__main__`` module, ``sys.modules``, frames): a
+submission that does so gets its measured evidence marked untrustworthy, so
+tampering can never earn a better tier than honest work.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+HINTS = {
+    "kv_repeat": r"np\.repeat|np\.tile|repeat_interleave|\.repeat\(|broadcast_to\(.*\)\.copy|\.expand\(.*\)\.contiguous",
+    "concat_growth": r"np\.concatenate|np\.append\(|np\.vstack|np\.hstack|torch\.cat\(|torch\.stack\(",
+    "chunk_local_mask": r"is_causal\s*=\s*True",
+}
+TAMPER = r"tracemalloc|\bbuiltins\b|__builtins__|sys\.modules|__main__|sys\._getframe|inspect\.(stack|currentframe)|gc\.get_objects|perf_counter\s*=|_ORIGINAL"
+
+
+def _lines(workdir: str):
+    for name in ("kv_cache.py", "kv_cache_torch.py"):
+        path = os.path.join(workdir, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for number, line in enumerate(f, 1):
+                    if not line.lstrip().startswith("#"):
+                        yield name, number, line.rstrip()
+
+
+def scan(workdir: str) -> dict:
+    """``{"hints": {mistake: [where...]}, "tamper": [where...]}`` with ``file:line`` places."""
+    hints, tamper = {}, []
+    for name, number, line in _lines(workdir):
+        for mistake, pattern in HINTS.items():
+            if re.search(pattern, line):
+                hints.setdefault(mistake, []).append(f"{name}:{number}")
+        if re.search(TAMPER, line):
+            tamper.append(f"{name}:{number}: {line.strip()[:80]}")
+    return {"hints": hints, "tamper": tamper}

@@ -1,0 +1,86 @@
+"""Lay a submission out in a fresh sandbox directory: only its own files, in the contract's layout.
+
+A submission is a directory, a single ``.py`` file (taken as ``kv_cache.py``) or
+a ``.ipynb`` notebook (its code cells, shell and magic lines dropped, taken as
+``kv_cache.py``). The notebook is read as JSON by nbformat: nothing in it runs
+in the grader's process.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+MAX_FILE_BYTES = 1 * 2**20
+MAX_TOTAL_BYTES = 8 * 2**20
+SKIP_DIRS = {".git", "__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".kvkit", "node_modules"}
+
+
+class SubmissionError(ValueError):
+    """The path is not a submission the grader can read (missing, wrong kind, too large)."""
+
+
+def name_of(path: str) -> str:
+    """A submission's display name: its file or directory name."""
+    return os.path.basename(os.path.normpath(path))
+
+
+def notebook_source(path: str) -> str:
+    """The code cells of a notebook as one module, shell (``!``) and magic (``%``) lines dropped."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as exc:  # nbformat raises several kinds for a broken file
+        raise SubmissionError(f"{path}: not a readable notebook ({type(exc).__name__}: {exc})") from exc
+    cells = []
+    for cell in nb.cells:
+        if cell.cell_type != "code" or cell.source.lstrip().startswith("%%"):
+            continue
+        lines = [line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!"))]
+        cells.append("\n".join(lines))
+    return "\n\n".join(cells) + "\n"
+
+
+def materialize(path: str, workdir: str) -> list[str]:
+    """Copy the submission at ``path`` into the empty ``workdir``; return the files written.
+
+    Raises:
+        SubmissionError: ``path`` is missing, not .py/.ipynb/a directory, or too large.
+    """
+    if not os.path.exists(path):
+        raise SubmissionError(f"{path}: no such file or directory")
+    if os.path.isfile(path):
+        if path.endswith(".ipynb"):
+            source = notebook_source(path)
+        elif path.endswith(".py"):
+            if os.path.getsize(path) > MAX_FILE_BYTES:
+                raise SubmissionError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
+            with open(path, encoding="utf-8", errors="replace") as f:
+                source = f.read()
+        else:
+            raise SubmissionError(f"{path}: a submission is a directory, a .py file or a .ipynb notebook")
+        with open(os.path.join(workdir, "kv_cache.py"), "w", encoding="utf-8") as f:
+            f.write(source)
+        return ["kv_cache.py"]
+    written, total = [], 0
+    for root, dirs, files in os.walk(path, followlinks=False):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not os.path.islink(os.path.join(root, d))]
+        for name in files:
+            src = os.path.join(root, name)
+            rel = os.path.relpath(src, path)
+            if os.path.islink(src) or not os.path.isfile(src) or not name.endswith((".py", ".txt", ".md", ".toml", ".json", ".npy")):
+                continue
+            size = os.path.getsize(src)
+            if size > MAX_FILE_BYTES or total + size > MAX_TOTAL_BYTES:
+                continue
+            total += size
+            os.makedirs(os.path.dirname(os.path.join(workdir, rel)) or workdir, exist_ok=True)
+            shutil.copyfile(src, os.path.join(workdir, rel))
+            written.append(rel)
+    if "kv_cache.py" not in written:
+        ipynbs = sorted(n for n in os.listdir(path) if n.endswith(".ipynb"))
+        if ipynbs:
+            with open(os.path.join(workdir, "kv_cache.py"), "w", encoding="utf-8") as f:
+                f.write(notebook_source(os.path.join(path, ipynbs[0])))
+            written.append("kv_cache.py")
+    return sorted(written)
