@@ -55,7 +55,7 @@ def correctness(cid: str, steps: list[StepVerdict], what: str, allow_refusal: bo
     if allow_refusal and all(_refused(s) for s in failing):
         return Criterion(cid, "not_attempted",
                          f"{what} refused with a clear error ({bad.error.get('type')}: {bad.error.get('message')})")
-    how = {"wrong": f"wrong output (max error {bad.max_error:.2g})", "raised": bad.detail,
+    how = {"wrong": f"wrong output (max error {bad.max_error:.1e})", "raised": bad.detail,
            "bad_output": bad.detail, "not_run": bad.detail}[bad.status]
     return Criterion(cid, "fail", f"{len(failing)} of {len(steps)} {what} steps fail; first: {_where(bad)}: {how}")
 
@@ -193,6 +193,27 @@ def input_errors(probe) -> list[str]:
         elif not raised.get("value_error"):
             notes.append(f"bad input '{case}' raised {raised.get('type')}, not ValueError/TypeError")
     return notes
+
+
+def torch_ops(ops: dict) -> dict:
+    """``{mistake: evidence}`` from the ops a port ran (``harness.probe_torch_ops``).
+
+    ``concat_growth``: append runs ``cat``/``stack`` or the buffers move.
+    ``kv_repeat``: attention runs a non-view op whose output has at least G times
+    the live K elements, or a ``repeat``/``repeat_interleave`` as large as K.
+    Views (``alias_info`` in the op's schema) cost nothing and are ignored.
+    """
+    named = {}
+    grew = sorted({op[0] for op in ops.get("append_ops", []) if op[0] in ("cat", "stack")})
+    if grew or not ops.get("same_storage"):
+        named["concat_growth"] = "append runs " + (", ".join(grew) or "into new storage (the buffers moved)")
+    big, live = ops["G"] * ops["live_k_numel"], ops["live_k_numel"]
+    copies = [op for op in ops.get("attention_ops", [])
+              if not op[2] and (op[1] >= big or (op[0] in ("repeat_interleave", "repeat") and op[1] >= live))]
+    if ops["G"] > 1 and copies:
+        named["kv_repeat"] = (f"attention runs aten.{copies[0][0]} with an output of {copies[0][1]:,} elements "
+                              f"(live K: {live:,}, G = {ops['G']})")
+    return named
 
 
 def _probe_error(cid: str, probe) -> Criterion:

@@ -124,15 +124,7 @@ def _torch_section(results, trials, expected, job_dir) -> tuple[evaluate.Criteri
     ops = section.get("ops")
     evidence = []
     if isinstance(ops, dict) and "error" not in ops:
-        grew = [op for op in ops.get("append_ops", []) if op[0] in ("cat", "stack")]
-        if grew or not ops.get("same_storage"):
-            named["concat_growth"] = "append runs " + (", ".join(sorted({o[0] for o in grew})) or "a reallocation")
-        big = ops["G"] * ops["live_k_numel"]
-        copies = [op for op in ops.get("attention_ops", [])
-                  if not op[2] and (op[1] >= big or (op[0] in ("repeat_interleave", "repeat") and op[1] >= ops["live_k_numel"]))]
-        if copies:
-            named["kv_repeat"] = (f"attention runs {copies[0][0]} with an output of {copies[0][1]:,} elements "
-                                  f"(G x live K = {big:,})")
+        named.update(evaluate.torch_ops(ops))
         evidence.append(f"ops watched: append {len(ops.get('append_ops', []))}, attention "
                         f"{len(ops.get('attention_ops', []))}, none copying K/V")
     else:

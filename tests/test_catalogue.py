@@ -1,0 +1,85 @@
+"""The mistakes catalogue is one source of truth: every id has an example, a rubric effect,
+and (where it shows in outputs) a planted mutant that the grader's checks name."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import tomllib
+
+import numpy as np
+import pytest
+
+from catalogue import mutants
+from grader.checks import check
+from solutions import kv_cache as ref
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+with open(os.path.join(ROOT, "catalogue", "mistakes.toml"), "rb") as f:
+    MISTAKES = tomllib.load(f)
+with open(os.path.join(ROOT, "catalogue", "examples", "expected.toml"), "rb") as f:
+    EXPECTED = tomllib.load(f)
+SPEC_IDS = ["concat_growth", "kv_repeat", "modulo_head_mapping", "chunk_local_mask", "off_by_one_mask",
+            "ragged_keys_unmasked", "nan_padding", "length_before_write", "missing_scale", "max_len_scan"]
+# The grader check that names each behavioural mistake (its catalogue criterion,
+# spelled as grader.checks names it).
+CHECK_OF = {"preallocated_in_place": "in_place", "overflow_atomic": "overflow_atomic",
+            "head_mapping": "head_mapping", "decode": "decode", "full_prefill": "full_prefill",
+            "chunked_prefill": "chunked_prefill", "ragged_rows": "ragged_rows", "padding": "padding"}
+
+
+def load_example(name):
+    path = os.path.join(ROOT, "catalogue", "examples", name, "kv_cache.py")
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_spec_mistake_is_catalogued_with_an_example():
+    assert sorted(MISTAKES) == sorted(SPEC_IDS)
+    for mid, entry in MISTAKES.items():
+        assert entry["effect"] in ("Weak", "Hire", "none"), mid
+        assert entry["question"] and entry["answer"], mid
+        assert os.path.isfile(os.path.join(ROOT, "catalogue", "examples", entry["example"], "kv_cache.py")), mid
+        assert mid in EXPECTED[entry["example"]]["mistakes"], mid
+
+
+def test_planted_list_matches_the_catalogue():
+    assert sorted(mutants.PLANTED) == sorted(m for m, e in MISTAKES.items() if e["mutant"])
+
+
+@pytest.mark.parametrize("mistake", mutants.PLANTED)
+def test_each_planted_mutant_is_named_by_its_check(mistake):
+    KVCache, attention = mutants.plant(mistake, ref.KVCache, ref.gqa_attention)
+    name = CHECK_OF[MISTAKES[mistake]["criterion"]]
+    result = check(name, KVCache, attention, count=20)
+    assert not result.passed, f"{mistake}: the {name} check passed on the planted mutant"
+    if mistake in ("concat_growth", "length_before_write", "nan_padding"):
+        assert mistake in result.mistakes, result.message
+
+
+def test_chunk_local_mutant_is_silent_at_decode_and_full_prefill():
+    KVCache, attention = mutants.plant("chunk_local_mask", ref.KVCache, ref.gqa_attention)
+    for name in ("decode", "full_prefill", "head_mapping"):
+        assert check(name, KVCache, attention, count=20).passed, name
+    assert not check("chunked_prefill", KVCache, attention, count=20).passed
+
+
+@pytest.mark.parametrize("example", sorted(EXPECTED))
+def test_each_example_behaves_as_its_entry_says(example):
+    """Correct examples pass every output check; a mistake's example fails exactly the checks it should."""
+    module = load_example(example)
+    mistakes = EXPECTED[example]["mistakes"]
+    failing_checks = {CHECK_OF[MISTAKES[m]["criterion"]] for m in mistakes if MISTAKES[m]["criterion"] in CHECK_OF}
+    if "chunk_local_mask" in mistakes or "ragged_keys_unmasked" in mistakes:
+        failing_checks.add("ragged_rows")  # ragged trials contain chunks too
+    if "modulo_head_mapping" in mistakes or "missing_scale" in mistakes or "off_by_one_mask" in mistakes:
+        failing_checks |= {"decode", "full_prefill", "chunked_prefill", "ragged_rows"} - (
+            {"decode"} if "off_by_one_mask" in mistakes else set())
+    for name in CHECK_OF.values():
+        result = check(name, module.KVCache, module.gqa_attention, count=20)
+        if name in failing_checks:
+            assert not result.passed, f"{example}: {name} should fail"
+        elif name in ("decode", "full_prefill", "head_mapping", "in_place", "overflow_atomic", "padding") \
+                or not mistakes:
+            assert result.passed, f"{example}: {name} should pass: {result.message}"

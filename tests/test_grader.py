@@ -1,0 +1,172 @@
+"""The grader end to end: verdicts on the bundled examples, report formats, failure modes, the boundary."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+
+import jsonschema
+import nbformat
+import pytest
+
+from grader.grade import Options, grade
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "catalogue", "examples")
+with open(os.path.join(EXAMPLES, "expected.toml"), "rb") as f:
+    EXPECTED = tomllib.load(f)
+with open(os.path.join(ROOT, "docs", "report.schema.json")) as f:
+    REPORT_SCHEMA = json.load(f)
+SEED = 11
+
+
+def kvkit(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "grader", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def example_reports(tmp_path_factory):
+    """Every bundled example graded once, through the real command (`kvkit grade` with no SUBMISSION)."""
+    out = tmp_path_factory.mktemp("reports")
+    done = kvkit("--seed", str(SEED), "--jobs", "2", "--quiet", "--json", str(out / "all.json"),
+                 "--markdown", str(out / "all.md"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out / "all.json") as f:
+        reports = json.load(f)
+    return {r["submission"]: r for r in reports}, (out / "all.md").read_text()
+
+
+def test_no_argument_grades_every_bundled_example(example_reports):
+    reports, _ = example_reports
+    assert sorted(reports) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_example_gets_its_tier_and_exactly_its_mistakes(example_reports, name):
+    reports, _ = example_reports
+    report = reports[name]
+    expected = EXPECTED[name]
+    assert report["tier"] == expected["tier"], (report["tier_reason"], report["mistakes"])
+    assert sorted(report["mistakes"]) == sorted(expected["mistakes"]), report["mistake_evidence"]
+    assert sorted(report["port_mistakes"]) == sorted(expected.get("port_mistakes", []))
+
+
+def test_reports_follow_the_stable_schema(example_reports):
+    reports, markdown = example_reports
+    for report in reports.values():
+        jsonschema.validate(report, REPORT_SCHEMA)
+        assert report["seed"] == SEED
+        assert report["score"] == sum(c["points"] for c in report["criteria"])
+        assert report["duration_s"] < 60
+    assert "| strong_hire | Strong Hire |" in markdown
+
+
+def test_mistake_reports_carry_follow_up_questions(example_reports):
+    reports, _ = example_reports
+    questions = {q["mistake"] for q in reports["chunk_local_mask"]["follow_ups"]}
+    assert "chunk_local_mask" in questions
+    assert reports["chunk_local_mask"]["smallest_failing"] and "chunked prefill" in \
+        reports["chunk_local_mask"]["smallest_failing"]
+
+
+def test_strong_hire_kill_matrix_and_hire_example_without_tests(example_reports):
+    reports, _ = example_reports
+    own = {c["id"]: c for c in reports["strong_hire"]["criteria"]}["own_tests"]
+    assert own["status"] == "pass" and "chunk_local_mask" in own["evidence"]
+    basic = {c["id"]: c for c in reports["hire_basic"]["criteria"]}
+    assert basic["own_tests"]["status"] == "not_attempted" and basic["cost_model"]["status"] == "not_attempted"
+
+
+def test_no_hidden_value_is_printed(example_reports):
+    """Evidence names configurations and error sizes (2 significant digits), never an input or output value."""
+    import re
+
+    reports, _ = example_reports
+    for report in reports.values():
+        report = dict(report, duration_s=0)
+        long_numbers = re.findall(r"-?\d+\.\d{4,}", json.dumps(report))
+        assert not long_numbers, (report["submission"], long_numbers[:5])
+
+
+def test_same_seed_same_report_but_timings(tmp_path):
+    sub = os.path.join(EXAMPLES, "chunk_local_mask")
+    a, b = (grade(sub, Options(seed=5, trials=200)) for _ in range(2))
+
+    def strip(report):
+        report = json.loads(json.dumps(report))
+        report.pop("duration_s")
+        for c in report["criteria"]:
+            if c["id"] == "live_length":
+                c.pop("evidence")
+        return report
+
+    assert strip(a) == strip(b)
+    c = grade(sub, Options(seed=6, trials=200))
+    assert c["seed"] == 6 and c["tier"] == a["tier"]
+
+
+def test_gradescope_results_follow_gradescope_format(tmp_path):
+    target = tmp_path / "results.json"
+    done = kvkit(os.path.join(EXAMPLES, "nan_padding"), "--seed", "1", "--quiet", "--gradescope", str(target))
+    assert done.returncode == 0, done.stderr
+    results = json.loads(target.read_text())
+    assert set(results) >= {"score", "max_score", "tests"}
+    assert results["tests"] and all(set(t) >= {"name", "score", "max_score", "output", "visibility"}
+                                    for t in results["tests"])
+    assert results["score"] == sum(t["score"] for t in results["tests"])
+    padding = next(t for t in results["tests"] if "Padded" in t["name"])
+    assert padding["score"] == 0 and "nan_padding" in padding["output"]
+
+
+def test_usage_errors_exit_2(tmp_path):
+    assert kvkit("--no-such-flag").returncode == 2
+    assert kvkit(str(tmp_path / "missing")).returncode == 2
+    assert kvkit("--jobs", "0").returncode == 2
+
+
+def write_submission(tmp_path, name, source):
+    path = tmp_path / name
+    path.mkdir()
+    (path / "kv_cache.py").write_text(source)
+    return str(path)
+
+
+REFERENCE = open(os.path.join(ROOT, "solutions", "kv_cache.py")).read()
+
+
+@pytest.mark.parametrize("name,source,reason", [
+    ("syntax_error", "def broken(:\n", "failed to import: SyntaxError"),
+    ("raises", REFERENCE.replace("    q = np.asarray(q)\n    B, Hkv, _, d = cache.k.shape",
+                                 "    raise RuntimeError('boom')\n    B, Hkv, _, d = cache.k.shape"), "RuntimeError: boom"),
+    ("wrong_shape", REFERENCE + "\n_f = gqa_attention\ngqa_attention = lambda q, c, n: _f(q, c, n)[:, :1]\n",
+     "expected an array of shape"),
+    ("wrong_dtype", REFERENCE + "\n_f = gqa_attention\ngqa_attention = lambda q, c, n: _f(q, c, n).astype(np.float16)\n",
+     "output dtype differs"),
+    ("all_nan", REFERENCE + "\n_f = gqa_attention\ngqa_attention = lambda q, c, n: _f(q, c, n) * np.nan\n",
+     "wrong output"),
+    ("imports_solutions", "from solutions.kv_cache import *\n", "ModuleNotFoundError"),
+    ("imports_grader", "from grader.oracle import attention_ref\nfrom solutions.kv_cache import *\n", "ModuleNotFoundError"),
+])
+def test_broken_submissions_get_a_report_with_the_reason(tmp_path, name, source, reason):
+    report = grade(write_submission(tmp_path, name, source), Options(seed=3, trials=200, timeout=60))
+    text = json.dumps(report)
+    assert reason in text, text[:3000]
+    assert report["tier"] == "Weak"
+    jsonschema.validate(report, REPORT_SCHEMA)
+
+
+def test_single_file_and_notebook_submissions(tmp_path):
+    single = tmp_path / "candidate.py"
+    shutil.copy(os.path.join(EXAMPLES, "hire_basic", "kv_cache.py"), single)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# my take-home"), nbformat.v4.new_code_cell("!pip install numpy\n%matplotlib inline"),
+                nbformat.v4.new_code_cell(open(single).read())]
+    notebook = tmp_path / "candidate.ipynb"
+    nbformat.write(nb, str(notebook))
+    for path in (single, notebook):
+        report = grade(str(path), Options(seed=2, trials=200))
+        assert report["tier"] == "Hire", (path, report["tier_reason"])
