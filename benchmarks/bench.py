@@ -205,7 +205,7 @@ def table_rows(r: dict, status: dict) -> list[tuple[str, str, str, str]]:
                      f"torch {r['reservation_time_ratio_torch']:.2f} "
                      f"({r['reservation_torch_large_seconds'] * 1e3:.2f} / {r['reservation_torch_small_seconds'] * 1e3:.2f} ms)",
                      "<= 1.2", _mark(status, "reservation_time_ratio")))
-    if "grade_seconds_per_submission" in r:
+    if "grade_seconds_per_submission" in r and (r.get("grade_jobs") or r.get("grade_error")):
         if r["grade_seconds_per_submission"] is None:
             rows.append(("4. grading", f"not measured: {r.get('grade_error')}", "", ""))
         else:
@@ -281,6 +281,9 @@ def run(args) -> dict:
     cfg = settings(args.quick)
     results: dict = {"schema": "kvkit.bench/1", "quick": args.quick, "settings": cfg, "machine": environment()}
     results.update({key: None for key in REQUIRED_KEYS})
+    for figure in FIGURES:
+        if figure not in only:
+            results[f"{figure}_error"] = "not run (--only)"
     started = time.perf_counter()
 
     if "concat" in only:

@@ -199,7 +199,7 @@ def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int =
     out["decode_numpy_vs_torch"] = t["numpy"].best / t["torch"].best
     out["append_numpy_seconds"] = t["append_numpy"].best
     out["append_torch_seconds"] = t["append_torch"].best
-    out["decode_profile"] = {name: [[op, sec] for op, sec in ops] for name, ops in profiles.items()}
+    out["decode_profile"] = {name: [[op, sec, shapes] for op, sec, shapes in ops] for name, ops in profiles.items()}
     return out
 
 

@@ -4,7 +4,8 @@ Each step is classified by what it exercises (SPEC section 5): ``decode`` (T = 1
 every row one new token, rows of one length), ``full_prefill`` (every row
 receives its whole content in one call, T = S), ``chunked_prefill`` (every row
 receives T > 1 tokens after earlier ones, T < S) and ``ragged`` (anything else:
-rows of different lengths, zero-token rows, padded slots). Hire's checks use the
+rows of different lengths, zero-token rows, padded slots); ``edge`` steps (B = 0,
+T = 0, an all-empty cache) only add notes. Hire's checks use the
 first three, which all have rows that share one length; ``ragged`` is a Strong
 Hire check. Real query slots are compared with the tolerance; padded slots are
 checked apart (exactly 0, finite, or not).
@@ -29,7 +30,9 @@ def step_kinds(trial: Trial) -> list[str]:
         n, T = step.n_new, step.q.shape[2]
         before, lens = lens, lens + n
         uniform = trial.B > 0 and T > 0 and (n == T).all() and (before == before[0]).all()
-        if not uniform:
+        if trial.B == 0 or T == 0 or not lens.any():
+            kinds.append("edge")  # B = 0, T = 0, an all-empty cache: notes, not a criterion
+        elif not uniform:
             kinds.append("ragged")
         elif T == 1 and before[0] > 0:
             kinds.append("decode")

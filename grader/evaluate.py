@@ -44,7 +44,12 @@ def _refused(step: StepVerdict) -> bool:
 
 
 def correctness(cid: str, steps: list[StepVerdict], what: str, allow_refusal: bool = False) -> Criterion:
-    """pass when every step in ``steps`` matches the oracle on its real query slots."""
+    """pass when every step in ``steps`` matches the oracle on its real query slots.
+
+    Steps never run (an earlier append of their trial failed) are no evidence
+    either way and are left out; the failed append is itself a failing step.
+    """
+    steps = [s for s in steps if s.status != "not_run"]
     if not steps:
         return Criterion(cid, "error", f"no {what} step was run")
     bad = first_failure(steps)

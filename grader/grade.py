@@ -229,7 +229,9 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
             named[mistake] += f" (source: {', '.join(places[:3])})"
 
     results_files = owntests.test_files(workdir)
-    own_results, own_child = owntests.run(workdir, limits, wrap) if results_files else (None, None)
+    # Nine pytest runs (the submission, then each planted mutant): twice the time of one harness run.
+    own_limits = sandbox.Limits(wall_s=2 * limits.wall_s, cpu_s=2 * limits.cpu_s)
+    own_results, own_child = owntests.run(workdir, own_limits, wrap) if results_files else (None, None)
     criteria["own_tests"] = owntests.criterion(own_results, own_child, bool(results_files))
 
     port_named = {}

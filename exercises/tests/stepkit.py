@@ -348,8 +348,13 @@ def run_heads(be, label: str, Hkv: int, G: int, T: int = 3, d: int = 4, dtype=No
     check_output_type(be, setup, out, (B, Hq, T, d), be.f64 if dtype is None else dtype)
     got = be.numpy(out)
     if not np.all(np.isfinite(got)):
-        fail(f"{setup}: the output holds NaN or inf (first at index {np.argwhere(~np.isfinite(got))[0].tolist()}); "
-             f"with V = 10 * (j + 1) for KV head j every output should be a plain number.")
+        b, h, t, _ = np.argwhere(~np.isfinite(got))[0].tolist()
+        first = ""
+        if t == 0 and np.all(np.isfinite(got[:, :, 1:])):
+            first = (" Only slot 0 is, the first token of the prefill, which sees nothing but its own key: a mask "
+                     "that hides a query's own key leaves it no key at all (off_by_one_mask).")
+        fail(f"{setup}: the output holds NaN or inf at query head {h}, slot {t}; with V = 10 * (j + 1) for KV "
+             f"head j every output should be a plain number.{first}")
     read = got / 10 - 1  # which KV head's value came back
     expected = np.arange(Hq) // G
     for h in range(Hq):
@@ -548,15 +553,18 @@ def explain_window(got, pos, t, L, n, T, S) -> str:
         return f"keys before {lo} were left out."
     if hi == t and T > 1 and pos != t:
         return "the mask is aligned to the chunk, not to the cache end (chunk_local_mask)."
+    if L < S and hi > pos:
+        past = f"keys past the row's length lens={L} were attended" if hi >= L else "it sees keys after its own position"
+        if hi == S - n + t:
+            return (f"{past}: its position was counted from the longest row's length S={S} instead of this row's "
+                    f"own lens={L} (ragged_keys_unmasked).")
+        if hi == S - T + t:
+            return (f"{past}: one mask was built for the whole batch from the longest row (S={S}) instead of one "
+                    f"per row (ragged_keys_unmasked).")
+        if hi >= L:
+            return f"{past} (ragged_keys_unmasked)."
     if hi >= L:
-        if hi == S - n + t and L < S:
-            return (f"keys past the row's length lens={L} were attended: the positions were counted from the "
-                    f"longest row's length S={S} instead of this row's own (ragged_keys_unmasked).")
-        if hi == S - T + t and L < S:
-            return (f"keys past the row's length lens={L} were attended: one mask was built for the whole batch "
-                    f"from the longest row (S={S}) instead of one per row (ragged_keys_unmasked).")
-        if L < S or hi > S - 1:
-            return f"keys at or past the row's length lens={L} were attended (ragged_keys_unmasked)."
+        return f"keys at or past the row's length lens={L} were attended."
     if hi == pos + 1:
         return "it sees one key too many, the one after its own position (off_by_one_mask)."
     if hi == pos - 1:
