@@ -137,13 +137,16 @@ def read_buffer(nbytes: int) -> torch.Tensor:
 
 
 def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int = 0,
-                   profile_calls: int = 5) -> dict:
+                   profile_calls: int = 5, repeat_every: int = 3) -> dict:
     """Figure 2: time the four variants and the two read passes in ``rounds`` interleaved rounds.
 
     Args:
         shape: the decode shape (``DecodeShape()`` for the published figure).
         rounds: interleaved rounds; every figure is the fastest round.
         read_bytes: size of the array summed for the read bandwidth, bytes.
+        profile_calls: calls profiled op by op (the fastest one is kept).
+        repeat_every: repeat-then-attend (about 10x slower than the rest) runs
+            only every this many rounds.
 
     Returns a dict (seconds, bytes per second, fractions): ``read_bw_bytes_per_s``
     (the faster of the two read passes) and each pass's, ``decode_*_seconds``,
@@ -164,7 +167,7 @@ def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int =
         setup = {"append_numpy": lambda: s.np_cache.lens.fill(live - 1),
                  "append_torch": lambda: s.torch_cache.lens.fill_(live - 1)}
         agree = outputs_agree(s)
-        t = interleaved(variants, rounds, setup=setup)
+        t = interleaved(variants, rounds, setup=setup, every={"repeat": repeat_every})
         s.np_cache.lens.fill(live)
         s.torch_cache.lens.fill_(live)
         assert int(s.np_cache.lens.min()) == live and int(s.torch_cache.lens.min()) == live

@@ -30,7 +30,8 @@ class Timing:
 
 
 def interleaved(variants: dict[str, Callable[[], object]], rounds: int, *, warmup: int = 1,
-                setup: dict[str, Callable[[], object]] | None = None) -> dict[str, Timing]:
+                setup: dict[str, Callable[[], object]] | None = None,
+                every: dict[str, int] | None = None) -> dict[str, Timing]:
     """Time each variant ``rounds`` times, one call of each per round, in turn.
 
     Args:
@@ -40,14 +41,18 @@ def interleaved(variants: dict[str, Callable[[], object]], rounds: int, *, warmu
         warmup: untimed rounds first (first-touch page faults, lazy init, caches).
         setup: name -> an untimed callable run just before that variant each time
             (to undo the state a call leaves, e.g. a cache length).
+        every: name -> k: that variant runs only every k-th round (a slow one whose
+            figure needs less precision: it keeps its place in the interleaving).
 
     Returns:
         name -> ``Timing`` in seconds (wall clock, ``time.perf_counter``).
     """
-    setup = setup or {}
+    setup, every = setup or {}, every or {}
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for round_ in range(warmup + rounds):
         for name, fn in variants.items():
+            if round_ >= warmup and (round_ - warmup) % every.get(name, 1):
+                continue
             if name in setup:
                 setup[name]()
             start = time.perf_counter()

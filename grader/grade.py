@@ -169,82 +169,103 @@ def grade(path: str, options: Options | None = None) -> dict:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@dataclass
+class Run:
+    """One submission being graded: where it lies, what the child answered, the notes so far."""
+
+    name: str
+    workdir: str
+    files: list
+    options: Options
+    started: float
+    limits: sandbox.Limits
+    level: str
+    wrap: object = None
+    notes: list = field(default_factory=list)
+
+    @property
+    def job(self) -> str:
+        return os.path.join(self.workdir, ".kvkit")
+
+    def error(self, reason: str, **extra) -> dict:
+        report = _error_report(self.name, self.options, reason, self.started)
+        report.update(isolation=self.level, **extra)
+        return report
+
+
 def _grade_dir(name, workdir, files, options, started) -> dict:
+    iso = options.isolation
+    run = Run(name, workdir, files, options, started,
+              sandbox.Limits(wall_s=options.timeout, cpu_s=int(options.timeout * 2) + 5),
+              iso.level if iso else "process (rlimits, -I -S, private directory)", iso.wrap if iso else None)
     trials, expected = compare.oracle_outputs(options.seed, options.trials)
-    job = os.path.join(workdir, ".kvkit")
-    has_torch = "kv_cache_torch.py" in files
-    jobs.pack(trials, job, probes=PROBES, torch=has_torch, cost_calls=COST_CALLS if "cost.py" in files else [])
-    shutil.copy(os.path.join(HERE, "harness.py"), os.path.join(job, "harness.py"))
-    limits = sandbox.Limits(wall_s=options.timeout, cpu_s=int(options.timeout * 2) + 5)
-    wrap = options.isolation.wrap if options.isolation else None
-    level = options.isolation.level if options.isolation else "process (rlimits, -I -S, private directory)"
-    child = sandbox.run_child([os.path.join(job, "harness.py"), job, *sandbox.site_dirs()], workdir, limits, wrap)
-    results = jobs.read_results(job)
-    notes = []
+    jobs.pack(trials, run.job, probes=PROBES, torch="kv_cache_torch.py" in files,
+              cost_calls=COST_CALLS if "cost.py" in files else [])
+    shutil.copy(os.path.join(HERE, "harness.py"), os.path.join(run.job, "harness.py"))
+    child = sandbox.run_child([os.path.join(run.job, "harness.py"), run.job, *sandbox.site_dirs()],
+                              workdir, run.limits, run.wrap)
+    results = jobs.read_results(run.job)
     if child.reason:
-        notes.append(f"harness: {child.reason}")
-
+        run.notes.append(f"harness: {child.reason}")
     if results is None or not isinstance(results.get("numpy"), dict):
-        reason = child.reason or "the child wrote no readable results"
-        report = _error_report(name, options, f"the submission could not be run: {reason}", started)
-        report["isolation"] = level
-        report["output_tail"] = child.output_tail[-500:]
-        return report
-    numpy_section = results["numpy"]
-    if numpy_section.get("import"):
-        err = numpy_section["import"]
-        report = _error_report(name, options, f"kv_cache.py failed to import: {err.get('type')}: {err.get('message')}",
-                               started)
-        report["isolation"] = level
-        return report
-
-    criteria = {}
+        return run.error(f"the submission could not be run: {child.reason or 'the child wrote no readable results'}",
+                         output_tail=child.output_tail[-500:])
+    err = results["numpy"].get("import")
+    if err:
+        return run.error(f"kv_cache.py failed to import: {err.get('type')}: {err.get('message')}")
     try:
-        outputs = jobs.read_outputs(job, "out.npy", trials, numpy_section.get("records"))
-    except ValueError as exc:
-        report = _error_report(name, options, f"the child's outputs are malformed: {exc}", started)
-        report["isolation"] = level
-        return report
+        return _evaluate(run, trials, expected, results)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        # The child's files are data written by untrusted code: anything malformed ends here.
+        return run.error(f"the child's results are malformed ({type(exc).__name__}: {str(exc)[:200]})")
+
+
+def _evaluate(run: Run, trials, expected, results) -> dict:
+    """Criteria, mistakes and the report, from the child's answers (``results``) and the oracle's."""
+    numpy_section = results["numpy"]
+    outputs = jobs.read_outputs(run.job, "out.npy", trials, numpy_section.get("records"))
     comparison = compare.compare(trials, numpy_section["records"], outputs, expected)
-    criteria.update(_correctness_criteria(comparison))
+    criteria = _correctness_criteria(comparison)
     criteria["preallocated_in_place"] = evaluate.in_place(numpy_section.get("in_place"))
     criteria["no_kv_repeat"] = evaluate.no_repeat(numpy_section.get("repeat"))
     criteria["overflow_atomic"] = evaluate.overflow(numpy_section.get("overflow"))
     criteria["live_length"] = evaluate.live_length(numpy_section.get("scan"))
-    criteria["cost_model"] = evaluate.cost_model(results.get("cost") if "cost.py" in files else None, expected_costs())
+    criteria["cost_model"] = evaluate.cost_model(results.get("cost") if "cost.py" in run.files else None,
+                                                 expected_costs())
 
     # Tampering: measured evidence from a process that rewired its own meters is void.
-    source = scan.scan(workdir)
-    tampered = list(results.get("tampered") or []) if isinstance(results.get("tampered"), list) else ["unreadable"]
+    source = scan.scan(run.workdir)
+    tampered = results.get("tampered") if isinstance(results.get("tampered"), list) else ["unreadable"]
     if tampered or source["tamper"]:
-        why = "; ".join([f"runtime: {', '.join(map(str, tampered))} replaced" for _ in [0] if tampered] + source["tamper"][:3])
+        why = "; ".join(([f"runtime: {', '.join(map(str, tampered))} replaced"] if tampered else [])
+                        + source["tamper"][:3])
         for cid in ("preallocated_in_place", "no_kv_repeat", "live_length"):
             criteria[cid] = evaluate.Criterion(cid, "error", f"measurement not trusted: the submission touches the "
                                                f"harness's tools ({why})")
-        notes.append(f"tampering suspected: {why}")
+        run.notes.append(f"tampering suspected: {why}")
 
     named = _name_mistakes(criteria, comparison, _outputs_by_trial(trials, outputs))
     for mistake, places in source["hints"].items():
         if mistake in named:
             named[mistake] += f" (source: {', '.join(places[:3])})"
 
-    results_files = owntests.test_files(workdir)
+    test_files = owntests.test_files(run.workdir)
     # Nine pytest runs (the submission, then each planted mutant): twice the time of one harness run.
-    own_limits = sandbox.Limits(wall_s=2 * limits.wall_s, cpu_s=2 * limits.cpu_s)
-    own_results, own_child = owntests.run(workdir, own_limits, wrap) if results_files else (None, None)
-    criteria["own_tests"] = owntests.criterion(own_results, own_child, bool(results_files))
+    own_limits = sandbox.Limits(wall_s=2 * run.limits.wall_s, cpu_s=2 * run.limits.cpu_s)
+    own_results, own_child = owntests.run(run.workdir, own_limits, run.wrap) if test_files else (None, None)
+    criteria["own_tests"] = owntests.criterion(own_results, own_child, bool(test_files))
 
     port_named = {}
-    if has_torch:
-        criteria["torch_port"], port_named = _torch_section(results, trials, expected, job)
+    if "kv_cache_torch.py" in run.files:
+        criteria["torch_port"], port_named = _torch_section(results, trials, expected, run.job)
     else:
         criteria["torch_port"] = evaluate.Criterion("torch_port", "not_attempted", "no kv_cache_torch.py")
 
-    notes += evaluate.edge_cases(comparison) + evaluate.dtype_notes(comparison)
+    notes = run.notes + evaluate.edge_cases(comparison) + evaluate.dtype_notes(comparison)
     notes += evaluate.input_errors(numpy_section.get("errors"))
     for crit in criteria.values():
         notes += crit.notes
-    return build_report(name, options, criteria, named, port_named, notes, level, started,
+    return build_report(run.name, run.options, criteria, named, port_named, notes, run.level, run.started,
                         diagnose.smallest_failing(comparison))
 
 

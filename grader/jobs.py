@@ -57,7 +57,7 @@ def read_results(job_dir: str) -> dict | None:
             return None
         with open(path) as f:
             results = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return results if isinstance(results, dict) else None
 

@@ -35,7 +35,7 @@ class Rubric:
         weak = [m for m in numpy_mistakes if m in self.weak_mistakes]
         missing_hire = [c for c, spec in self.criteria.items() if spec["tier"] == "Hire" and statuses.get(c) != "pass"]
         if weak:
-            return "Weak", f"mistake{'s' if len(weak) > 1 else ''} that make the verdict Weak: {', '.join(weak)}"
+            return "Weak", f"{'mistakes that make' if len(weak) > 1 else 'a mistake that makes'} the verdict Weak: {', '.join(weak)}"
         if missing_hire:
             return "Weak", f"not Hire: {', '.join(missing_hire)} not passed"
         missing_strong = [c for c, spec in self.criteria.items()

@@ -16,7 +16,11 @@ HINTS = {
     "concat_growth": r"np\.concatenate|np\.append\(|np\.vstack|np\.hstack|torch\.cat\(|torch\.stack\(",
     "chunk_local_mask": r"is_causal\s*=\s*True",
 }
-TAMPER = r"tracemalloc|\bbuiltins\b|__builtins__|sys\.modules|__main__|sys\._getframe|inspect\.(stack|currentframe)|gc\.get_objects|perf_counter\s*=|_ORIGINAL"
+# Reaching for the meters, the harness's frames or its output files, or hiding
+# code from this scan (exec, eval, dynamic imports).
+TAMPER = (r"tracemalloc|\bbuiltins\b|__builtins__|sys\.modules|import __main__|__main__\.|sys\._getframe|inspect\.(stack|currentframe)"
+          r"|gc\.get_objects|perf_counter\s*=|_ORIGINAL|\batexit\b|results\.json|out\.npy|\.kvkit|os\.replace|os\.rename"
+          r"|(?<![\w.])(exec|eval|compile)\(|__import__|importlib|\bctypes\b|\bsignal\.")
 
 
 def _lines(workdir: str):

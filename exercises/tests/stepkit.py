@@ -605,10 +605,12 @@ def run_windows(be, label: str, Hkv: int, G: int, calls, d: int = 4, max_len: in
         if check is not None and i not in check:
             continue
         if poison:
+            room = int(be.shape_of(cache.v)[2])  # the buffers' length (max_len, if they were allocated right)
             for b in range(B):
-                tail = position_values(1, Hkv, max_len - lens[b], d, [lens[b]], [max_len - lens[b]])[0]
-                be.write(cache.v, b, lens[b], max_len, be.array(tail, dtype))
-                be.write(cache.k, b, lens[b], max_len, be.array(np.zeros_like(tail), dtype))
+                if room > lens[b]:
+                    tail = position_values(1, Hkv, room - lens[b], d, [lens[b]], [room - lens[b]])[0]
+                    be.write(cache.v, b, lens[b], room, be.array(tail, dtype))
+                    be.write(cache.k, b, lens[b], room, be.array(np.zeros_like(tail), dtype))
         S = max(lens) if B else 0
         kind = "decode" if T == 1 and all(n in (0, 1) for n in n_new) else (
             "full prefill" if all(s == 0 for s in starts) else "chunked prefill")

@@ -29,8 +29,11 @@ def test_allocates_buffers_of_the_right_shape():
                 fail(f"{call}: cache.{name} is {type(buf).__name__}; it should be a NumPy array "
                      f"of shape [B, Hkv, max_len, d] = {[B, Hkv, max_len, d]}.")
             if buf.shape != (B, Hkv, max_len, d):
+                grows = len(buf.shape) == 4 and buf.shape[2] < max_len
                 fail(f"{call}: cache.{name} has shape {list(buf.shape)} but should be "
-                     f"[B, Hkv, max_len, d] = {[B, Hkv, max_len, d]}, the whole reservation, allocated now.")
+                     f"[B, Hkv, max_len, d] = {[B, Hkv, max_len, d]}, the whole reservation, allocated now"
+                     + (": a cache that starts small has to grow, and growing copies it (concat_growth)."
+                        if grows else "."))
             if buf.dtype != want_dtype:
                 fail(f"{call}: cache.{name} has dtype {buf.dtype} but should have dtype "
                      f"{np.dtype(want_dtype).name}{' (the default)' if dtype is None else ''}.")
