@@ -197,6 +197,12 @@ def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int =
         out[f"decode_{name}_median_seconds"] = t[name].median
         out[f"decode_{name}_bytes_per_s"] = live_bytes / t[name].best
         out[f"decode_{name}_fraction_of_read_bw"] = live_bytes / t[name].best / read_bw
+    # A check on the minima: the same fractions taken round by round (each decode
+    # step against the faster read pass of its own round), then the median.
+    for name in ("numpy", "torch", "sdpa"):
+        per_round = [live_bytes / step / (read_bytes / min(a, b))
+                     for step, a, b in zip(t[name].samples, t["read_numpy"].samples, t["read_torch"].samples)]
+        out[f"decode_{name}_fraction_of_read_bw_round_median"] = float(np.median(per_round))
     out["decode_torch_vs_sdpa"] = t["sdpa"].best / t["torch"].best
     out["decode_repeat_vs_torch"] = t["repeat"].best / t["torch"].best
     out["decode_numpy_vs_torch"] = t["numpy"].best / t["torch"].best

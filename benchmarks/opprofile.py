@@ -14,7 +14,10 @@ first, ``other`` last; ``breakdown`` sorts them into the two products and the re
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -95,6 +98,20 @@ def profile_numpy(step: Callable[[], object], cache, calls: int = 5) -> list[tup
     return ops + [("other", max(0.0, wall - sum(t for _, t, _ in ops)), None)]
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Send file descriptor 2 to /dev/null for the block (the profiler's native start/stop lines)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def profile_torch(step: Callable[[], object], calls: int = 5) -> list[tuple]:
     """Self CPU seconds of each ``aten`` op (grouped by input shapes) in the fastest of ``calls`` calls of ``step``.
 
@@ -105,7 +122,7 @@ def profile_torch(step: Callable[[], object], calls: int = 5) -> list[tuple]:
     step()  # warm
     best = (math.inf, None)
     for _ in range(calls):
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             start = time.perf_counter()
             step()
             wall = time.perf_counter() - start

@@ -59,12 +59,17 @@ def plot_decode(fig2: dict, path: Path) -> Path:
     shape = fig2["decode_shape"]
     fig, ax = plt.subplots(figsize=(8, 3.4), constrained_layout=True)
     bars = ax.barh([label for _, label in names][::-1], gbs[::-1], color=["C3", "C2", "C1", "C0"])
+    ax.set_ylim(-0.5, len(names) - 0.1)
     for bar, value in zip(bars, gbs[::-1]):
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:.1f} GB/s ({value / bw:.0%})",
                 va="center", fontsize=9)
     ax.axvline(bw, color="black", lw=1.2)
-    ax.text(bw, len(names) - 0.45, f" read bandwidth {bw:.1f} GB/s", ha="right", va="bottom", fontsize=9)
-    ax.set_xlim(0, bw * 1.25)
+    ax.text(bw, -0.45, f"read bandwidth {bw:.1f} GB/s ", ha="right", va="bottom", fontsize=9)
+    for fraction, label in ((0.40, "port target 40%"), (0.25, "NumPy target 25%")):
+        ax.axvline(bw * fraction, color="grey", lw=0.8, ls="--")
+        ax.text(bw * fraction, len(names) - 0.15, f"{label} ", fontsize=7.5, color="grey", va="top", ha="right",
+                rotation=90)
+    ax.set_xlim(0, max(bw, max(gbs)) * 1.3)
     ax.set_xlabel("live K/V bytes read per second of a decode step, GB/s")
     ax.set_title(f"Decode step: B={shape['batch']}, Hkv={shape['kv_heads']}, G={shape['group']}, "
                  f"d={shape['head_dim']}, live {shape['live']:,} of {shape['max_len']:,}, float32 "

@@ -4,48 +4,105 @@ Each child gets an isolated interpreter (``-I -S``: no user site, no
 ``PYTHONPATH``, no ``.pth`` hooks, so the kit's editable install is not on its
 path; the parent hands it only the site-packages directories that hold NumPy,
 torch and pytest), a working directory holding only the submission's files and
-the job, a minimal environment, and rlimits on CPU seconds, address space,
-file size and core dumps. Where the machine allows, ``isolation.py`` adds Linux
-namespaces on top. A wall-clock timeout kills the whole process group.
+the job, a minimal environment, ``no_new_privs``, and rlimits on CPU seconds,
+address space, file size, processes and core dumps. Its first code is the
+audit-hook guard (``guard.py``), which refuses the network, new processes,
+writes outside its directory and reads outside an allowlist, and logs the tools
+of tampering. Where ``isolation.py`` allows, the child also runs as a uid of
+its own and inside Linux namespaces.
+
+Taking it back: a wall-clock timeout kills its process group; its output goes
+through a pipe the parent drains and bounds (a flood costs the child time, not
+the grader memory or disk); when it ran as its own uid, every process left
+with that uid is killed; and its directory is swept of links, devices and
+FIFOs before the parent reads anything from it.
 """
 from __future__ import annotations
 
+import collections
+import json
 import os
 import resource
+import shutil
 import signal
+import stat as stat_mod
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-OUTPUT_LIMIT = 8 * 2**20  # bytes of stdout/stderr kept on disk (RLIMIT_FSIZE stops more)
-TAIL = 2000  # characters of output a report may quote
+OUTPUT_KEEP = 2000  # characters of output a report may quote
+FLOOD_NOTE = 1 * 2**20  # bytes of output worth a note
+GUARD_LOG_LIMIT = 64 * 2**10
+SWEEP_ENTRY_LIMIT = 20000
+HERE = os.path.dirname(os.path.abspath(__file__))
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+
+
+def _memory_default() -> int:
+    """6 GiB, or ``KVKIT_SANDBOX_MEMORY_MB`` (for small CI machines and tests)."""
+    try:
+        return int(os.environ["KVKIT_SANDBOX_MEMORY_MB"]) * 2**20
+    except (KeyError, ValueError):
+        return 6 * 2**30
 
 
 @dataclass
 class Limits:
-    """Resource limits of one child: seconds of wall and CPU time, bytes of memory and file size."""
+    """Resource limits of one child: seconds of wall and CPU time, bytes of memory and file size, processes."""
 
     wall_s: float = 60.0
     cpu_s: int = 120
-    memory_bytes: int = 6 * 2**30
+    memory_bytes: int = field(default_factory=_memory_default)
     file_bytes: int = 64 * 2**20
+    processes: int = 256  # threads count too; binds only a child that runs as its own uid
 
 
 @dataclass
 class ChildResult:
-    """How a child ended: its exit code, whether it was killed and why, its output's tail."""
+    """How a child ended: its exit code, whether it was killed and why, its output's tail, what the guard saw."""
 
     returncode: int | None
     timed_out: bool
     seconds: float
     output_tail: str
     reason: str  # "" when the child exited 0 by itself
+    output_bytes: int = 0
+    events: list = field(default_factory=list)  # the guard's log: {"a", "e", "d", "w"}
+    leftover: int = 0  # processes of the child's uid still running after it ended
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
+
+    @property
+    def blocked(self) -> list[str]:
+        """What the guard refused, in words: ``"network access: socket.connect (kv_cache.py:7)"``."""
+        return [f"{e.get('d')}" + (f" ({e['w']})" if e.get("w") else "") for e in self.events if e.get("a") == "blocked"]
+
+    @property
+    def suspicious(self) -> list[str]:
+        """The tools of tampering the submission's own code used: ``"ctypes.dlopen at kv_cache.py:3"``."""
+        return [f"{e.get('e')}" + (f" at {e['w']}" if e.get("w") else "") for e in self.events if e.get("a") == "seen"]
+
+    @property
+    def notes(self) -> list[str]:
+        """What happened that a report should say, beyond the exit reason."""
+        notes = []
+        if self.output_bytes > FLOOD_NOTE:
+            notes.append(f"the child wrote {self.output_bytes / 2**20:.1f} MiB to stdout/stderr "
+                         f"(the grader kept the last {OUTPUT_KEEP} characters)")
+        blocked = self.blocked
+        if blocked:
+            notes.append(f"the sandbox refused {len(blocked)} action(s): " + "; ".join(blocked[:4]))
+        seen = self.suspicious
+        if seen:
+            notes.append("tools of tampering used by the submission: " + "; ".join(seen[:4]))
+        if self.leftover:
+            notes.append(f"the child left {self.leftover} process(es) running; all were killed")
+        return notes
 
 
 def site_dirs() -> list[str]:
@@ -58,7 +115,8 @@ def child_env(workdir: str) -> dict:
     """A minimal environment: no inherited secrets, one thread per library."""
     env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg",
-           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "USER": "sandbox", "LOGNAME": "sandbox"}
     # Some processors need these for OpenBLAS to compute correctly (see the env notes).
     for key in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
         if key in os.environ:
@@ -66,12 +124,29 @@ def child_env(workdir: str) -> dict:
     return env
 
 
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+_LIBC = None
+
+
 def _apply_limits(limits: Limits):
+    global _LIBC
+    if _LIBC is None and sys.platform.startswith("linux"):
+        _LIBC = _libc()  # loaded here, not in the forked child
+    libc = _LIBC
+
     def apply():
-        os.setsid()
         for kind, value in ((resource.RLIMIT_CPU, limits.cpu_s), (resource.RLIMIT_AS, limits.memory_bytes),
-                            (resource.RLIMIT_FSIZE, limits.file_bytes), (resource.RLIMIT_CORE, 0)):
+                            (resource.RLIMIT_FSIZE, limits.file_bytes), (resource.RLIMIT_CORE, 0),
+                            (resource.RLIMIT_NPROC, limits.processes)):
             resource.setrlimit(kind, (value, value))
+        if libc is not None:
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the grader (after any uid change)
+            libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # no setuid binary gives it privileges back
 
     return apply
 
@@ -83,49 +158,238 @@ def describe_exit(returncode: int | None, timed_out: bool, limits: Limits, outpu
     if returncode is None or returncode == 0:
         return ""
     if returncode < 0:
-        sig = signal.Signals(-returncode)
+        try:
+            sig = signal.Signals(-returncode)
+        except ValueError:
+            return f"the child was killed by signal {-returncode}"
         why = {signal.SIGXCPU: f"ran past its {limits.cpu_s} s CPU limit",
-               signal.SIGXFSZ: f"wrote past its {limits.file_bytes // 2**20} MiB file-size limit (flooded output?)",
+               signal.SIGXFSZ: f"wrote past its {limits.file_bytes // 2**20} MiB file-size limit",
                signal.SIGSEGV: "crashed with a segmentation fault",
+               signal.SIGBUS: "crashed with a bus error",
+               signal.SIGILL: "crashed with an illegal instruction",
+               signal.SIGFPE: "crashed with a floating-point exception",
+               signal.SIGABRT: "aborted",
                signal.SIGKILL: "was killed (out of memory, or by its own hand)"}.get(sig, "was killed")
         return f"the child {why} ({sig.name})"
     if "MemoryError" in output:
         return f"the child ran out of memory (limit {limits.memory_bytes // 2**20} MiB)"
+    if returncode == 125 and "kvkit sandbox:" in output:
+        line = next((ln for ln in output.splitlines() if "kvkit sandbox:" in ln), "")
+        return f"the sandbox could not start the child ({line.strip()[:200]})"
     return f"the child exited with status {returncode} before finishing"
 
 
-def run_child(argv: list[str], workdir: str, limits: Limits, wrap=None) -> ChildResult:
-    """Run ``python -I -S argv...`` in ``workdir`` under ``limits``.
+# ---------------------------------------------------------------------- the child's directory
 
-    ``wrap`` (from ``isolation.py``) may prefix the command with a namespace
-    launcher. Output goes to a file in ``workdir`` bounded by RLIMIT_FSIZE; the
-    report quotes at most its last ``TAIL`` characters.
+def _owned_by(path: str, uid: int | None) -> None:
+    """Hand ``path`` and everything in it to ``uid`` (so a child without root can write its results)."""
+    if uid is None:
+        return
+    os.lchown(path, uid, uid)
+    os.chmod(path, 0o700)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            try:
+                os.lchown(os.path.join(root, name), uid, uid)
+            except OSError:
+                pass
+
+
+def sweep(workdir: str) -> int:
+    """Remove what the parent must never follow or block on: links, FIFOs, sockets, devices, hard links.
+
+    Returns the number of entries removed. Called after every child and before
+    the parent reads or writes anything in ``workdir``.
     """
-    command = [sys.executable, "-I", "-S", *argv]
-    if wrap is not None:
+    removed, seen = 0, 0
+    for root, dirs, files in os.walk(workdir, followlinks=False):
+        for name in dirs + files:
+            seen += 1
+            path = os.path.join(root, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat_mod.S_ISDIR(st.st_mode):
+                continue
+            if not stat_mod.S_ISREG(st.st_mode) or st.st_nlink > 1:
+                try:
+                    os.unlink(path)
+                    removed += 1
+                except OSError:
+                    pass
+        if seen > SWEEP_ENTRY_LIMIT:
+            break
+    return removed
+
+
+def _processes_of(uid: int) -> list[int]:
+    pids = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return pids
+    for name in names:
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    pids.append(int(name))
+            except OSError:
+                pass
+    return pids
+
+
+def _kill_all_as(uid: int) -> None:
+    """Run in a helper that has become ``uid``: kill(-1) reaches every process of that uid but itself."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def reap_uid(uid: int | None) -> int:
+    """Kill every process running as ``uid`` (a child's own); return how many there were."""
+    if uid is None or uid == 0 or not sys.platform.startswith("linux"):
+        return 0
+    found = _processes_of(uid)
+    for _ in range(5):
+        if not _processes_of(uid):
+            break
+        try:
+            subprocess.run(["/bin/sh", "-c", ":"], user=uid, group=uid, extra_groups=[], preexec_fn=lambda: _kill_all_as(uid),
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=10, close_fds=True)
+        except (OSError, subprocess.SubprocessError):
+            for pid in _processes_of(uid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        time.sleep(0.05)
+    return len(found)
+
+
+def _guard_config(workdir: str, job: str) -> dict:
+    from grader import isolation
+
+    workdir = os.path.realpath(workdir)
+    sites = [os.path.realpath(p) for p in site_dirs()]
+    paths = sysconfig.get_paths()
+    stdlib = list(dict.fromkeys(os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if paths.get(k)))
+    allow = [workdir, os.path.realpath(sys.base_prefix), os.path.dirname(os.path.realpath(sys.executable)),
+             *stdlib, *sites, "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc",
+             "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/shm", "/dev/fd", "/sys/devices/system/cpu",
+             "/sys/fs/cgroup"]
+    deny = [*isolation.kit_dirs(), "/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh"]
+    return {"workdir": workdir, "allow_read": allow, "deny_read": deny, "stdlib": stdlib,
+            "library": sites + [os.path.realpath(job)], "log": os.path.join(job, "guard.log"),
+            "protected": [os.path.join(job, n) for n in ("guard.log", "guard.json", "guard.py")]}
+
+
+def _read_guard_log(path: str) -> list[dict]:
+    events = []
+    try:
+        with open(path, "rb") as f:
+            data = f.read(GUARD_LOG_LIMIT)
+    except OSError:
+        return events
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append({k: str(event.get(k, ""))[:200] for k in ("a", "e", "d", "w")})
+    return events
+
+
+class _Drain(threading.Thread):
+    """Reads a child's output as it comes: counts it, keeps the last bytes, stores nothing else."""
+
+    def __init__(self, pipe):
+        super().__init__(daemon=True)
+        self.pipe = pipe
+        self.total = 0
+        self.tail = collections.deque()
+        self.kept = 0
+
+    def run(self):
+        try:
+            while True:
+                chunk = self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536)
+                if not chunk:
+                    break
+                self.total += len(chunk)
+                self.tail.append(chunk)
+                self.kept += len(chunk)
+                while self.kept - len(self.tail[0]) >= 4 * OUTPUT_KEEP:
+                    self.kept -= len(self.tail.popleft())
+        except (OSError, ValueError):
+            pass
+
+    def text(self) -> str:
+        return b"".join(self.tail)[-4 * OUTPUT_KEEP:].decode("utf-8", "replace")[-OUTPUT_KEEP:]
+
+
+def run_child(argv: list[str], workdir: str, limits: Limits, wrap=None) -> ChildResult:
+    """Run ``python -I -S -B guard.py CONFIG argv...`` in ``workdir`` under ``limits``.
+
+    ``wrap`` is an ``isolation.Sandbox`` (a uid of its own, namespaces) or any
+    callable ``wrap(command, workdir)`` that prefixes the command. The report
+    quotes at most the last ``OUTPUT_KEEP`` characters of the child's output.
+    """
+    job = os.path.join(workdir, ".kvkit")
+    if os.path.islink(job) or (os.path.exists(job) and not os.path.isdir(job)):
+        os.unlink(job)
+    os.makedirs(job, exist_ok=True)
+    sweep(workdir)
+    shutil.copyfile(os.path.join(HERE, "guard.py"), os.path.join(job, "guard.py"))
+    log_path = os.path.join(job, "guard.log")
+    if os.path.lexists(log_path):
+        os.unlink(log_path)
+    with open(os.path.join(job, "guard.json"), "w") as f:
+        json.dump(_guard_config(workdir, job), f)
+    command = [sys.executable, "-I", "-S", "-B", os.path.join(job, "guard.py"), os.path.join(job, "guard.json"), *argv]
+
+    uid = wrap.child_uid() if hasattr(wrap, "child_uid") else None
+    namespaces = bool(getattr(wrap, "namespaces", False))
+    if hasattr(wrap, "child_uid"):
+        command = wrap(command, workdir, uid)
+    elif wrap is not None:
         command = wrap(command, workdir)
-    log_path = os.path.join(workdir, ".kvkit", "child.log")
-    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    _owned_by(workdir, uid)
+    as_user = {"user": uid, "group": uid, "extra_groups": []} if uid is not None and not namespaces else {}
+
     start = time.monotonic()
     timed_out = False
-    with open(log_path, "wb") as log:
+    try:
         proc = subprocess.Popen(command, cwd=workdir, env=child_env(workdir), stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=_apply_limits(limits),
-                                close_fds=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_apply_limits(limits),
+                                start_new_session=True, close_fds=True, **as_user)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return ChildResult(None, False, 0.0, "", f"the sandbox could not start the child ({exc})")
+    drain = _Drain(proc.stdout)
+    drain.start()
+    try:
+        proc.wait(timeout=limits.wall_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        # Take back everything it started, hung or not (a fork keeps the group).
         try:
-            proc.wait(timeout=limits.wall_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            # Take back everything it started, hung or not (a fork keeps the group).
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-    with open(log_path, "rb") as log:
-        log.seek(max(0, os.path.getsize(log_path) - TAIL))
-        tail = log.read().decode("utf-8", "replace")
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+    leftover = reap_uid(uid)
+    if namespaces:
+        leftover = 0  # the namespace's processes died with its init; what the sweep saw were corpses
+    drain.join(timeout=5)
+    if not drain.is_alive():  # else a process we could not reach holds the pipe: leave it to the daemon thread
+        proc.stdout.close()
+    sweep(workdir)
+    tail = drain.text()
     returncode = proc.returncode
     return ChildResult(returncode, timed_out, time.monotonic() - start, tail,
-                       describe_exit(returncode, timed_out, limits, tail))
+                       describe_exit(returncode, timed_out, limits, tail), drain.total,
+                       _read_guard_log(log_path), leftover)

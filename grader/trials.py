@@ -81,11 +81,16 @@ def build(name, group, rng, B, Hkv, G, d, chunks, *, max_len=None, dtype="float6
     """
     chunks = [list(c) for c in chunks]
     slots = T if isinstance(T, list) else [T] * len(chunks)
-    final = np.sum(chunks, axis=0) if chunks else np.zeros(B, dtype=int)
-    trial = Trial(name, group, B, Hkv, G, d,
-                  int(max_len if max_len is not None else (final.max() if B else 0)), dtype)
+    slots = [w if w is not None else max(max(c, default=0), 1) for c, w in zip(chunks, slots)]
+    if max_len is None:
+        # Room for every step's full width T: a contract-abiding submission may
+        # refuse T larger than the space left in any row (SPEC section 3).
+        lens, max_len = np.zeros(B, dtype=int), 0
+        for counts, width in zip(chunks, slots):
+            max_len = max(max_len, int(lens.max(initial=0)) + width)
+            lens += np.asarray(counts, dtype=int)
+    trial = Trial(name, group, B, Hkv, G, d, int(max_len), dtype)
     for counts, width in zip(chunks, slots):
-        width = width if width is not None else max(max(counts, default=0), 1)
         trial.steps.append(_step(rng, B, Hkv, G, d, counts, width, dtype))
     return trial
 
@@ -114,7 +119,9 @@ def random_trials(seed: int, count: int = 200) -> list[Trial]:
             done += counts
         if not chunks:  # every row ends empty: still make one all-padding call
             chunks, slots = [[0] * B], [int(rng.integers(1, 9))]
-        trial = Trial(f"random-{i}", "random", B, Hkv, G, d, int(final.max()) + int(rng.integers(0, 6)))
+        # max_len leaves room for the widest chunk (8 slots) past the longest row,
+        # so no call has T larger than the space left (bad input by the contract).
+        trial = Trial(f"random-{i}", "random", B, Hkv, G, d, int(final.max()) + 8 + int(rng.integers(0, 6)))
         for counts, T in zip(chunks, slots):
             trial.steps.append(_step(rng, B, Hkv, G, d, counts, T, "float64"))
         trials.append(trial)

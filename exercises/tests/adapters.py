@@ -13,6 +13,7 @@ stubs, or a planted mistake.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -52,18 +53,21 @@ def _load(name: str, step: int):
     sys.modules.pop(name, None)
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))  # so the learner's files can import each other
+    problem = None
     try:
         module = importlib.import_module(name)
     except ImportError as exc:
         missing = getattr(exc, "name", None)
-        pytest.fail(f"step {step}: importing {path} failed: {type(exc).__name__}: {exc}"
-                    + (f" (is the package {missing!r} installed?)" if missing and missing != name else ""),
-                    pytrace=False)
+        problem = (f"importing {path} failed: {type(exc).__name__}: {exc}"
+                   + (f" (is the package {missing!r} installed?)" if missing and missing != name else ""))
     except Exception as exc:  # a SyntaxError, or code at the top of the file that raised
         where = ""
         if isinstance(exc, SyntaxError) and exc.lineno:
             where = f" (line {exc.lineno}: {(exc.text or '').strip()})"
-        pytest.fail(f"step {step}: importing {path} failed: {type(exc).__name__}: {exc}{where}", pytrace=False)
+        problem = f"importing {path} failed: {type(exc).__name__}: {exc}{where}"
+    if problem:  # failed outside the except block: the message alone, no chained traceback
+        sys.modules.pop(name, None)
+        pytest.fail(f"step {step}: {problem}", pytrace=False)
     if Path(module.__file__).resolve() != path:
         pytest.fail(f"step {step}: `import {name}` found {module.__file__}, not {path}: "
                     f"rename or remove the other {name} module.", pytrace=False)
@@ -93,10 +97,17 @@ def own_tests() -> Path:
 def mutants_path() -> Path | None:
     """The catalogue's planted mutants (``mutants.py``), found next to the exercises.
 
-    Looked for in ``<exercises>/catalogue/`` (the starter bundle) and in the
-    kit's ``catalogue/`` beside the exercises directory; None when absent.
+    Looked for in ``<exercises>/catalogue/`` (the starter bundle), in the
+    kit's ``catalogue/`` beside the exercises directory, then as the installed
+    kit's ``catalogue.mutants``; None when absent.
     """
     for candidate in (EXERCISES / "catalogue" / "mutants.py", EXERCISES.parent / "catalogue" / "mutants.py"):
         if candidate.is_file():
             return candidate
+    try:
+        spec = importlib.util.find_spec("catalogue.mutants")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin and Path(spec.origin).is_file():
+        return Path(spec.origin)
     return None

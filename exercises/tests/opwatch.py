@@ -44,13 +44,13 @@ class OpWatch(TorchDispatchMode):
         self.ops: list[Op] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        returns = func._schema.returns
-        aliases = bool(returns) and returns[0].alias_info is not None
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        result = func(*args, **(kwargs or {}))
+        schema_returns = func._schema.returns
+        aliases = bool(schema_returns) and schema_returns[0].alias_info is not None
+        outs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
         ins = {storage_ptr(t) for t in tree_flatten((args, kwargs or {}))[0] if isinstance(t, torch.Tensor)}
         self.ops.append(Op(str(func), aliases, max((t.numel() for t in outs), default=0), ins))
-        return out
+        return result
 
 
 def trail(ops: list[Op], index: int, before: int = 4) -> str:

@@ -457,9 +457,9 @@ def run_no_repeat_numpy(be, label: str):
              f"over S={S} keys after a prefill)")
     with case(setup):
         cache = be.cache(B, Hkv, S + 8, d, np.float32)
-        kv = rng.standard_normal((B, Hkv, S, d)).astype(np.float32)
-        cache.append(kv[:, :, :-1], kv[:, :, :-1], be.counts([S - 1]))
-        cache.append(kv[:, :, -1:], kv[:, :, -1:], be.counts([1]))
+        tokens = rng.standard_normal((B, Hkv, S, d)).astype(np.float32)
+        cache.append(tokens[:, :, :-1], tokens[:, :, :-1], be.counts([S - 1]))
+        cache.append(tokens[:, :, -1:], tokens[:, :, -1:], be.counts([1]))
         q = rng.standard_normal((B, Hq, 1, d)).astype(np.float32)
         be.attention(q, cache, be.counts([1]))  # warm up: first-call allocations are not the point
         was_tracing = tracemalloc.is_tracing()
@@ -551,8 +551,10 @@ def explain_window(got, pos, t, L, n, T, S) -> str:
     lo, hi = got
     if lo != 0:
         return f"keys before {lo} were left out."
-    if hi == t and T > 1 and pos != t:
-        return "the mask is aligned to the chunk, not to the cache end (chunk_local_mask)."
+    if hi == t and pos != t:
+        return ("the mask is aligned to the chunk, not to the cache end (chunk_local_mask)." if T > 1 else
+                "the mask is aligned to the top left, as if the decode query were the first token (is_causal=True "
+                "does that when T != S): it sees keys 0..t of the call, not 0..its position (chunk_local_mask).")
     if L < S and hi > pos:
         past = f"keys past the row's length lens={L} were attended" if hi >= L else "it sees keys after its own position"
         if hi == S - n + t:

@@ -1,0 +1,284 @@
+"""``kvkit starter OUTDIR [--zip]``: the candidate's take-home bundle.
+
+The bundle is the learner's path, standing alone: the stub files, the visible
+step tests, a README for the candidate (the task, the contract, how to run
+the tests, what to hand back), ``steps.toml`` with the hints (``--no-hints``
+leaves them out), ``progress.py`` (a copy of kvkit/progress.py, which needs
+only the standard library and, optionally, rich) and the catalogue's planted
+mutants for step 7 (``catalogue/mutants.py`` and ``mistakes.toml``: they
+hold no answer). Nothing of ``solutions/``, ``grader/`` or the hidden trials
+goes in, and the build checks it: it refuses when a stub has been filled in
+or when any bundled file shares a non-trivial line with those directories.
+
+    kvkit starter ~/take-home            then: cd ~/take-home && python progress.py
+    kvkit starter ~/take-home --zip      also writes ~/take-home.zip
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.metadata
+import shutil
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+KIT = Path(__file__).resolve().parent.parent
+EXERCISES = KIT / "exercises"
+
+# What goes in, relative to the exercises directory (tests/*.py are added to it).
+TOP_FILES = ["README.md", "kv_cache.py", "kv_cache_torch.py", "cost.py", "test_mine.py", "steps.toml", "pytest.ini"]
+STUBS = ["kv_cache.py", "kv_cache_torch.py", "cost.py", "test_mine.py"]
+CATALOGUE_FILES = ["mutants.py", "mistakes.toml"]
+# Never bundled, and checked against: no bundled file may share a non-trivial line with them.
+PRIVATE_DIRS = ["solutions", "grader"]
+BUNDLED_PACKAGES = ["numpy", "pytest", "rich", "torch"]
+# The build refuses a bundle holding this many consecutive non-trivial lines of solutions/ or grader/
+# (copied code); the kit's tests hold it to no shared non-trivial line at all.
+COPIED_RUN = 3
+
+
+class BuildError(Exception):
+    """The bundle cannot be built (exit code 2)."""
+
+
+def manifest(exercises: Path = EXERCISES, kit: Path = KIT) -> dict[str, Path]:
+    """``{path in the bundle: source file}`` for everything the bundle holds except the generated files.
+
+    Raises:
+        BuildError: a file the bundle needs is missing.
+    """
+    files = {name: exercises / name for name in TOP_FILES}
+    for test in sorted((exercises / "tests").glob("*.py")):
+        files[f"tests/{test.name}"] = test
+    for name in CATALOGUE_FILES:
+        files[f"catalogue/{name}"] = kit / "catalogue" / name
+    files["progress.py"] = Path(__file__).resolve().parent / "progress.py"
+    missing = [str(src) for src in files.values() if not src.is_file()]
+    if missing:
+        raise BuildError(f"missing from the kit: {', '.join(missing)}")
+    return files
+
+
+def unfinished_functions(path: Path) -> tuple[list[str], list[str]]:
+    """``(stubbed, filled)``: names of the functions in ``path`` whose body raises NotImplementedError, and the rest."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    stubbed, filled = [], []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            raises = any(isinstance(n, ast.Raise) and "NotImplementedError" in ast.unparse(n.exc or n)
+                         for n in ast.walk(node))
+            (stubbed if raises else filled).append(node.name)
+    return stubbed, filled
+
+
+def check_stubs(exercises: Path = EXERCISES) -> None:
+    """Refuse to bundle stub files someone has filled in (say, by working through the exercises in the kit).
+
+    Raises:
+        BuildError: a function of a stub file no longer raises NotImplementedError.
+    """
+    for name in STUBS:
+        stubbed, filled = unfinished_functions(exercises / name)
+        if filled or not stubbed:
+            raise BuildError(f"{exercises / name} has been filled in ({', '.join(filled) or 'no stub left'} "
+                             f"no longer raise NotImplementedError); the bundle ships the stubs. Restore them "
+                             f"with `git checkout -- exercises/` first.")
+
+
+def _normal(line: str) -> str:
+    return " ".join(line.split())
+
+
+CONTROL = ("for ", "while ", "with ", "try:", "else:", "finally:", "except", "elif ", "pass", "break", "continue")
+
+
+def is_trivial(line: str) -> bool:
+    """Lines any two Python files may share: short ones, comments, imports, headers of defs, classes and control flow."""
+    text = _normal(line)
+    return (len(text) < 30 or text.startswith(("#", "import ", "from ", "def ", "class ", "@", "async def ", *CONTROL))
+            or text in ('"""', "'''"))
+
+
+def code_lines(path: Path) -> list[str]:
+    """The normalised non-trivial lines of a text file, in order ([] for a binary file).
+
+    In Python files, the lines of a function's signature are trivial too: the
+    contract fixes them, so a stub shares them with any implementation.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):
+        return []
+    skip: set[int] = set()
+    if path.suffix == ".py":
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            tree = None
+        for node in ast.walk(tree) if tree is not None else []:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+                skip.update(range(node.lineno, node.body[0].lineno))
+    return [_normal(line) for i, line in enumerate(text.splitlines(), start=1)
+            if i not in skip and not is_trivial(line)]
+
+
+def _private_files(kit: Path):
+    for folder in PRIVATE_DIRS:
+        root = kit / folder
+        if root.is_dir():
+            for path in sorted(root.rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    yield path
+
+
+def shared_lines(bundle: Path, kit: Path = KIT, run: int = 1) -> list[tuple[str, str, str]]:
+    """Code a bundled file shares with solutions/ or grader/: ``(bundle file, first line, private file)``.
+
+    With ``run=1`` every shared non-trivial line counts; with ``run=n``, only
+    ``n`` consecutive non-trivial lines found in the same order in one private
+    file (copied code, not a coincidence of idiom).
+    """
+    grams: dict[tuple, str] = {}
+    for path in _private_files(kit):
+        lines = code_lines(path)
+        for i in range(len(lines) - run + 1):
+            grams.setdefault(tuple(lines[i:i + run]), str(path.relative_to(kit)))
+    found = []
+    for path in sorted(bundle.rglob("*")):
+        if not path.is_file():
+            continue
+        lines = code_lines(path)
+        for i in range(len(lines) - run + 1):
+            key = tuple(lines[i:i + run])
+            if key in grams:
+                found.append((str(path.relative_to(bundle)), lines[i], grams[key]))
+    return found
+
+
+def requirements() -> str:
+    """requirements.txt for the bundle: the kit's own pins of numpy, pytest, rich and torch."""
+    pins = {}
+    try:
+        for req in importlib.metadata.requires("kvkit") or []:
+            spec = req.split(";")[0].strip()
+            name = spec.split("=")[0].split("<")[0].split(">")[0].strip().lower()
+            if name in BUNDLED_PACKAGES and ";" not in req:
+                pins[name] = spec
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    lines = ["# What the exercises need: pip install -r requirements.txt",
+             pins.get("numpy", "numpy"), pins.get("pytest", "pytest"),
+             "# progress.py prints in colour with rich (optional)", pins.get("rich", "rich"),
+             "# step 6, the PyTorch port (optional in the take-home): uncomment, or pip install torch",
+             "# " + pins.get("torch", "torch")]
+    return "\n".join(lines) + "\n"
+
+
+def steps_without_hints(text: str) -> str:
+    """steps.toml with every step's hints emptied (the rest as it was)."""
+    data = tomllib.loads(text)
+    out = ["# The learner's path: step order, goals and test files (hints left out of this bundle).", ""]
+    for step in data.get("step", []):
+        out.append("[[step]]")
+        for key, value in step.items():
+            if key == "hints":
+                value = []
+            out.append(f"{key} = {_toml_value(value)}")
+        out.append("")
+    return "\n".join(out)
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def build(outdir: Path, hints: bool = True, force: bool = False, exercises: Path = EXERCISES,
+          kit: Path = KIT) -> list[Path]:
+    """Write the bundle into ``outdir`` and return the files written.
+
+    Raises:
+        BuildError: ``outdir`` is not empty (and ``force`` is off, or it does not
+            look like an earlier bundle), a stub has been filled in, a file is
+            missing, or a bundled file shares a non-trivial line with solutions/ or grader/.
+    """
+    outdir = outdir.expanduser().resolve()
+    if outdir.exists() and any(outdir.iterdir()):
+        if not force:
+            raise BuildError(f"{outdir} exists and is not empty (pass --force to replace an earlier bundle)")
+        if not (outdir / "steps.toml").is_file() or not (outdir / "progress.py").is_file():
+            raise BuildError(f"{outdir} does not look like an earlier starter bundle; not replacing it")
+        shutil.rmtree(outdir)
+    if outdir == kit or kit in outdir.parents and outdir.parts[len(kit.parts)] in ("exercises", *PRIVATE_DIRS):
+        raise BuildError(f"{outdir} is inside the kit's own directories; choose another place")
+    check_stubs(exercises)
+    files = manifest(exercises, kit)
+    outdir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for rel, src in files.items():
+        dest = outdir / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if rel == "steps.toml" and not hints:
+            dest.write_text(steps_without_hints(src.read_text(encoding="utf-8")), encoding="utf-8")
+        else:
+            shutil.copyfile(src, dest)
+        written.append(dest)
+    (outdir / "requirements.txt").write_text(requirements(), encoding="utf-8")
+    written.append(outdir / "requirements.txt")
+    leaks = shared_lines(outdir, kit, run=COPIED_RUN)
+    if leaks:
+        shutil.rmtree(outdir)
+        sample = "; ".join(f"{f}: {line!r} (also in {src})" for f, line, src in leaks[:3])
+        raise BuildError(f"refusing to ship: {len(leaks)} run(s) of {COPIED_RUN} lines of the bundle also appear "
+                         f"in solutions/ or grader/: {sample}")
+    return written
+
+
+def write_zip(outdir: Path) -> Path:
+    """``outdir.zip`` next to ``outdir``, holding the bundle under a top folder of the same name."""
+    outdir = outdir.expanduser().resolve()
+    target = outdir.with_name(outdir.name + ".zip")
+    with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(outdir.rglob("*")):
+            if path.is_file():
+                zf.write(path, Path(outdir.name) / path.relative_to(outdir))
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``kvkit starter OUTDIR [--zip] [--no-hints] [--force]``: exit 0 when built, 2 when not."""
+    parser = argparse.ArgumentParser(prog="kvkit starter", description="Build the candidate's take-home bundle.")
+    parser.add_argument("outdir", help="the directory to create (must not exist, or be empty)")
+    parser.add_argument("--zip", action="store_true", help="also write OUTDIR.zip, ready to send")
+    parser.add_argument("--no-hints", action="store_true", help="leave the hints out of steps.toml")
+    parser.add_argument("--force", action="store_true", help="replace an earlier bundle in OUTDIR")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    outdir = Path(args.outdir)
+    try:
+        written = build(outdir, hints=not args.no_hints, force=args.force)
+    except BuildError as exc:
+        print(f"kvkit starter: {exc}", file=sys.stderr)
+        return 2
+    outdir = outdir.expanduser().resolve()
+    print(f"Wrote the take-home bundle to {outdir} ({len(written)} files"
+          f"{', without hints' if args.no_hints else ''}).")
+    if args.zip:
+        print(f"Wrote {write_zip(outdir)}")
+    print(f"The candidate starts with: cd {outdir.name} && pip install -r requirements.txt && python progress.py")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

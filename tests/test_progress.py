@@ -1,0 +1,246 @@
+"""``kvkit progress`` and ``kvkit hint``: the learner's view of the steps.
+
+Checked on a fresh copy of exercises/ (step 1 pending: its goal and its
+failure shown), on a copy filled with the reference (every step done, exit 0),
+and on small made-up exercise directories for the parts that need no real
+step (the hint sequence, --watch, usage errors).
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import io
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from kvkit import cli, progress
+
+KIT = Path(__file__).resolve().parent.parent
+EXERCISES = KIT / "exercises"
+
+
+def _test_steps():
+    """tests/test_steps.py, for its helpers (filled_dir)."""
+    spec = importlib.util.spec_from_file_location("kvkit_test_steps_helpers", Path(__file__).with_name("test_steps.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fresh_copy(target: Path) -> Path:
+    shutil.copytree(EXERCISES, target, ignore=shutil.ignore_patterns("__pycache__", ".*"))
+    return target
+
+
+def console() -> Console:
+    return Console(file=io.StringIO(), width=400, soft_wrap=True, color_system=None)
+
+
+def text_of(c: Console) -> str:
+    return c.file.getvalue()
+
+
+@pytest.fixture(autouse=True)
+def no_impl_override(monkeypatch):
+    monkeypatch.delenv("KVKIT_IMPL", raising=False)
+
+
+def test_fresh_copy_shows_step_1_pending_with_its_goal_and_failure(tmp_path):
+    folder = fresh_copy(tmp_path / "exercises")
+    c = console()
+    code = progress.progress_main(["--dir", str(folder)], console=c)
+    out = text_of(c)
+    assert code == 1
+    steps = progress.load_steps(folder)
+    lines = out.splitlines()
+    for step in steps:
+        row = next(line for line in lines if f"step {step.number}  " in line)
+        assert "pending" in row and "done" not in row, row
+    assert "<- you are here" in next(line for line in lines if "step 1  " in line)
+    assert f"Goal: {steps[0].goal}" in out
+    assert "First failing check: test_step1_cache.py::" in out
+    assert "step 1: KVCache.__init__ (kv_cache.py, line" in out and "NotImplementedError" in out
+    assert "kvkit hint" in out
+
+
+def test_a_copy_filled_with_the_reference_is_all_done(tmp_path):
+    folder = fresh_copy(tmp_path / "exercises")
+    _test_steps().filled_dir(folder)
+    c = console()
+    code = progress.progress_main(["--dir", str(folder)], console=c)
+    out = text_of(c)
+    assert code == 0, out
+    assert "All 7 steps done." in out
+    assert out.count(" done ") + out.count(" done\n") >= 7 or out.count("done") >= 7
+    assert "pending" not in out
+    assert "planted mistakes" in out  # step 7's kill matrix, read back from the report
+
+
+def write_fake(folder: Path, second_passes: bool = False) -> Path:
+    """An exercises directory with two quick steps: step 1 passes, step 2 fails in plain words (or passes)."""
+    (folder / "tests").mkdir(parents=True)
+    (folder / "tests" / "test_one.py").write_text("def test_fine():\n    pass\n")
+    body = "    pass\n" if second_passes else (
+        "    pytest.fail('step 2: query 2 saw keys 0..2 but should see keys 0..6 (chunk_local_mask)', pytrace=False)\n")
+    (folder / "tests" / "test_two.py").write_text("import pytest\n\n\ndef test_fine():\n    pass\n\n\n"
+                                                  "def test_mask():\n" + body)
+    (folder / "steps.toml").write_text('''
+[[step]]
+number = 1
+title = "One"
+goal = "The first goal."
+fills = "one.py"
+tests = ["tests/test_one.py"]
+hints = ["first of one"]
+
+[[step]]
+number = 2
+title = "Two"
+goal = "The second goal, in one sentence."
+fills = "two.py"
+tests = ["tests/test_two.py"]
+hints = ["first of two", "second of two", "third of two"]
+''')
+    return folder
+
+
+def test_the_current_step_is_the_first_pending_one(tmp_path):
+    folder = write_fake(tmp_path / "ex")
+    c = console()
+    assert progress.progress_main(["--dir", str(folder)], console=c) == 1
+    out = text_of(c)
+    assert "step 1  One" in out and "done" in out.split("step 1  One")[1].splitlines()[0]
+    assert "<- you are here" in out.split("step 2  Two")[1].splitlines()[0]
+    assert "Step 2: Two" in out and "Goal: The second goal, in one sentence." in out
+    assert "First failing check: test_two.py::test_mask" in out
+    assert "step 2: query 2 saw keys 0..2 but should see keys 0..6 (chunk_local_mask)" in out
+    assert "(1 of 2 steps done)" in out
+
+
+def test_hints_come_one_at_a_time(tmp_path):
+    folder = write_fake(tmp_path / "ex")
+    outs = []
+    for _ in range(4):
+        c = console()
+        assert progress.hint_main(["--dir", str(folder)], console=c) == 0
+        outs.append(text_of(c))
+    assert "Step 2: Two" in outs[0] and "Hint 1 of 3: first of two" in outs[0] and "second of two" not in outs[0]
+    assert "Hint 2 of 3: second of two" in outs[1] and "first of two" not in outs[1]
+    assert "Hint 3 of 3: third of two" in outs[2]
+    assert "last hint" in outs[3] and all(h in outs[3] for h in ("first of two", "second of two", "third of two"))
+    c = console()
+    assert progress.hint_main(["--dir", str(folder), "--step", "1"], console=c) == 0
+    assert "Hint 1 of 1: first of one" in text_of(c)
+    assert progress.hint_main(["--dir", str(folder), "--reset"], console=console()) == 0
+    c = console()
+    progress.hint_main(["--dir", str(folder)], console=c)
+    assert "Hint 1 of 3" in text_of(c)
+    c = console()
+    assert progress.hint_main(["--dir", str(folder), "--step", "9"], console=c) == 2
+
+
+def test_hint_for_the_real_step_1(tmp_path):
+    folder = fresh_copy(tmp_path / "exercises")
+    c = console()
+    assert progress.hint_main(["--dir", str(folder)], console=c) == 0
+    first = progress.load_steps(folder)[0].hints[0]
+    assert "Step 1:" in text_of(c) and f"Hint 1 of" in text_of(c) and first in text_of(c)
+
+
+def test_all_done_exits_0(tmp_path):
+    folder = write_fake(tmp_path / "ex", second_passes=True)
+    c = console()
+    assert progress.progress_main(["--dir", str(folder)], console=c) == 0
+    assert "All 2 steps done." in text_of(c)
+    c = console()
+    assert progress.hint_main(["--dir", str(folder)], console=c) == 0
+    assert "no hint needed" in text_of(c)
+
+
+def test_watch_reruns_when_a_file_is_saved(tmp_path):
+    folder = write_fake(tmp_path / "ex")
+    c = console()
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", progress.progress_main(
+        ["--dir", str(folder), "--watch", "--max-runs", "2", "--interval", "0.05"], console=c)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while "watching for changes" not in text_of(c) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "watching for changes" in text_of(c)
+    (folder / "tests" / "test_two.py").write_text("def test_mask():\n    pass\n")
+    later = time.time() + 5
+    os.utime(folder / "tests" / "test_two.py", (later, later))
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    out = text_of(c)
+    assert out.count("your progress") == 2
+    assert result["code"] == 0 and "All 2 steps done." in out
+
+
+def test_usage_errors_exit_2(tmp_path, monkeypatch):
+    c = console()
+    assert progress.progress_main(["--dir", str(tmp_path)], console=c) == 2
+    assert "no steps.toml" in text_of(c)
+    monkeypatch.chdir(tmp_path)
+    c = console()
+    if not (Path(progress.__file__).parent / "steps.toml").is_file():
+        assert progress.progress_main([], console=c) == 2
+        assert "pass --dir" in text_of(c)
+    (tmp_path / "steps.toml").write_text('[[step]]\nnumber = 1\ntitle = "x"\ngoal = "y."\ntests = ["tests/nope.py"]\n')
+    c = console()
+    assert progress.progress_main(["--dir", str(tmp_path)], console=c) == 2
+    assert "tests/nope.py" in text_of(c)
+
+
+def test_kvkit_command_dispatches_progress_and_hint(tmp_path, capsys):
+    folder = write_fake(tmp_path / "ex")
+    assert cli.main(["progress", "--dir", str(folder)]) == 1
+    assert "Step 2: Two" in capsys.readouterr().out
+    assert cli.main(["hint", "--dir", str(folder)]) == 0
+    assert "first of two" in capsys.readouterr().out
+
+
+def test_default_directory_is_exercises_under_the_current_one(tmp_path, monkeypatch):
+    write_fake(tmp_path / "exercises")
+    monkeypatch.chdir(tmp_path)
+    c = console()
+    assert progress.progress_main([], console=c) == 1
+    assert str(tmp_path / "exercises") in text_of(c)
+
+
+def test_progress_py_stands_alone():
+    """The bundle ships kvkit/progress.py as progress.py: it may import only the standard library and rich."""
+    tree = ast.parse(Path(progress.__file__).read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    outside = {n for n in names if n not in sys.stdlib_module_names} - {"rich", "__future__"}
+    assert not outside, f"progress.py imports {outside}"
+
+
+def test_progress_py_runs_as_a_script_without_the_kit(tmp_path):
+    folder = write_fake(tmp_path / "ex")
+    script = shutil.copy(progress.__file__, folder / "progress.py")
+    env = {k: v for k, v in os.environ.items() if k != "KVKIT_IMPL"}
+    proc = subprocess.run([sys.executable, "-S", script], cwd=folder, capture_output=True, text=True, env=env,
+                          timeout=120)
+    # -S: no site-packages in this process, so no rich and no kit: plain text (the steps' own pytest
+    # processes start normally).
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Step 2: Two" in proc.stdout and "(chunk_local_mask)" in proc.stdout
+    assert "python progress.py hint" in proc.stdout
+    proc = subprocess.run([sys.executable, script, "hint", "--step", "2"], cwd=folder, capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and "Hint 1 of 3: first of two" in proc.stdout, proc.stdout + proc.stderr

@@ -1,0 +1,176 @@
+"""``kvkit starter OUTDIR``: the candidate's take-home bundle.
+
+Built into a temporary directory and checked: the files it should hold and
+no others; no line of code from solutions/ or grader/; its tests run with only
+the bundle and its dependencies (a bare virtual environment that sees numpy,
+pytest, rich and torch but not the kit), fail on the stubs naming each step,
+and pass, step 7 included, once the stubs are filled with the reference.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kvkit import starter
+
+KIT = Path(__file__).resolve().parent.parent
+
+EXPECTED = {
+    "README.md", "requirements.txt", "kv_cache.py", "kv_cache_torch.py", "cost.py", "test_mine.py", "steps.toml",
+    "pytest.ini", "progress.py", "catalogue/mutants.py", "catalogue/mistakes.toml",
+    "tests/adapters.py", "tests/conftest.py", "tests/stepkit.py", "tests/opwatch.py",
+    "tests/test_step1_cache.py", "tests/test_step2_heads.py", "tests/test_step3_mask.py",
+    "tests/test_step4_ragged.py", "tests/test_step5_cost.py", "tests/test_step6_torch.py",
+    "tests/test_step7_own_tests.py",
+}
+
+
+def _test_steps():
+    spec = importlib.util.spec_from_file_location("kvkit_test_steps_helpers", Path(__file__).with_name("test_steps.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("starter") / "take-home"
+    assert starter.main([str(out), "--zip"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> str:
+    """A python that sees the kit's dependencies but not the kit (no solutions, grader, catalogue, kvkit).
+
+    A fresh venv whose only link to the kit's environment is a .pth line naming
+    its site-packages: .pth files *in* that directory (the kit's editable
+    install) are not processed, so the kit stays invisible.
+    """
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    Path(site, "kit-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = subprocess.run([python, "-c", "import numpy, pytest, torch\n"
+                            "for name in ('solutions', 'grader', 'catalogue', 'kvkit'):\n"
+                            "    try:\n        __import__(name)\n    except ImportError:\n        pass\n"
+                            "    else:\n        raise SystemExit(name + ' is importable')\n"],
+                           capture_output=True, text=True, cwd=venv)
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    return python
+
+
+def bare_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("KVKIT_IMPL", "PYTHONPATH")}
+
+
+def test_the_bundle_holds_the_stubs_tests_readme_and_nothing_else(bundle):
+    files = {str(p.relative_to(bundle)) for p in bundle.rglob("*") if p.is_file()}
+    assert files == EXPECTED
+    for name in ("kv_cache.py", "kv_cache_torch.py", "cost.py", "test_mine.py"):
+        stubbed, filled = starter.unfinished_functions(bundle / name)
+        assert stubbed and not filled, f"{name}: {filled} are filled in"
+    readme = (bundle / "README.md").read_text()
+    for needed in ("## The contract", "## What to hand back", "python progress.py", "kv_cache.py",
+                   "KVCache(batch, kv_heads, max_len, head_dim", "gqa_attention(q, cache, n_new)"):
+        assert needed in readme, needed
+    steps = tomllib.loads((bundle / "steps.toml").read_text())["step"]
+    assert [s["number"] for s in steps] == list(range(1, 8)) and all(s["hints"] for s in steps)
+
+
+def test_nothing_of_solutions_or_grader_is_in_the_bundle(bundle):
+    texts = {p: p.read_text() for p in bundle.rglob("*") if p.is_file()}
+    for path, text in texts.items():
+        for name in ("solutions", "grader", "kvkit"):
+            assert f"import {name}" not in text and f"from {name}" not in text, f"{path} imports {name}"
+    leaks = starter.shared_lines(bundle, run=1)
+    assert not leaks, "bundled lines also in solutions/ or grader/:\n" + "\n".join(map(str, leaks[:10]))
+
+
+def test_the_leak_check_sees_copied_code(tmp_path):
+    shutil.copyfile(KIT / "solutions" / "kv_cache.py", tmp_path / "kv_cache.py")
+    assert len(starter.shared_lines(tmp_path, run=1)) > 20
+    assert starter.shared_lines(tmp_path, run=starter.COPIED_RUN)
+
+
+def test_the_zip_holds_the_same_files(bundle):
+    archive = bundle.with_name(bundle.name + ".zip")
+    with zipfile.ZipFile(archive) as zf:
+        names = {n.split("/", 1)[1] for n in zf.namelist()}
+    assert names == EXPECTED
+
+
+def test_the_bundle_tests_fail_on_the_stubs_naming_each_step(bundle, bare_python):
+    code = ("import json, sys; from pathlib import Path; import progress as p\n"
+            "folder = Path('.').resolve()\n"
+            "rows = [(r.step.number, r.status, r.failure) for r in p.run_all(p.load_steps(folder), folder)]\n"
+            "print(json.dumps(rows))\n")
+    proc = subprocess.run([bare_python, "-c", code], cwd=bundle, capture_output=True, text=True, env=bare_env(),
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r[0] for r in rows] == list(range(1, 8))
+    for number, status, failure in rows:
+        assert status == "pending", f"step {number} passed on the stubs"
+        assert failure.startswith(f"step {number}:"), failure
+
+
+def test_progress_runs_in_the_bundle_without_the_kit(bundle, bare_python):
+    proc = subprocess.run([bare_python, "progress.py", "hint"], cwd=bundle, capture_output=True, text=True,
+                          env=bare_env(), timeout=300)
+    assert proc.returncode == 0 and "Step 1:" in proc.stdout and "Hint 1 of" in proc.stdout, proc.stdout + proc.stderr
+    (bundle / ".kvkit-hints.json").unlink()
+
+
+def test_a_bundle_filled_with_the_reference_passes_every_step(bundle, bare_python, tmp_path):
+    filled = tmp_path / "filled"
+    shutil.copytree(bundle, filled)
+    _test_steps().filled_dir(filled)
+    proc = subprocess.run([bare_python, "progress.py"], cwd=filled, capture_output=True, text=True,
+                          env=bare_env(), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "All 7 steps done." in proc.stdout and "planted mistakes" in proc.stdout
+
+
+def test_no_hints_leaves_the_hints_out(tmp_path):
+    out = tmp_path / "bundle"
+    assert starter.main([str(out), "--no-hints"]) == 0
+    steps = tomllib.loads((out / "steps.toml").read_text())["step"]
+    assert len(steps) == 7 and not any(s["hints"] for s in steps)
+    assert steps[2]["goal"] == tomllib.loads((KIT / "exercises" / "steps.toml").read_text())["step"][2]["goal"]
+
+
+def test_it_refuses_a_non_empty_directory_and_filled_stubs(tmp_path, capsys):
+    out = tmp_path / "bundle"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert starter.main([str(out)]) == 2
+    assert starter.main([str(out), "--force"]) == 2  # not an earlier bundle: left alone
+    assert (out / "notes.txt").is_file()
+    exercises = tmp_path / "exercises"
+    shutil.copytree(KIT / "exercises", exercises, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copyfile(KIT / "solutions" / "kv_cache.py", exercises / "kv_cache.py")
+    with pytest.raises(starter.BuildError, match="filled in"):
+        starter.build(tmp_path / "other", exercises=exercises)
+    assert starter.main([]) == 2
+    capsys.readouterr()
+
+
+def test_force_replaces_an_earlier_bundle(tmp_path):
+    out = tmp_path / "bundle"
+    assert starter.main([str(out)]) == 0
+    (out / "kv_cache.py").write_text("# edited")
+    assert starter.main([str(out), "--force"]) == 0
+    assert "NotImplementedError" in (out / "kv_cache.py").read_text()

@@ -1,0 +1,315 @@
+"""The learner's step tests (exercises/tests/), run the way a learner runs them.
+
+Each step's tests run with pytest in their own process, through the seam
+``exercises/tests/adapters.py`` (``$KVKIT_IMPL`` picks the code):
+
+* against the reference (solutions/ plus a test_mine.py that compares with a
+  direct reference on chunked inputs): every step passes;
+* against the stubs in exercises/: every step fails, and its first failure
+  names the step;
+* against known mistakes (planted around the reference with
+  catalogue.mutants.plant, or small PyTorch variants written here): the step
+  that should catch each one fails, and its message names the mistake.
+
+The helpers here (``filled_dir``, ``GOOD_TEST_MINE``) are also used by
+test_progress.py and test_starter.py.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from kvkit import progress
+
+KIT = Path(__file__).resolve().parent.parent
+EXERCISES = KIT / "exercises"
+SOLUTIONS = KIT / "solutions"
+STEPS = progress.load_steps(EXERCISES)
+BY_NUMBER = {s.number: s for s in STEPS}
+
+# Own tests as a strong candidate writes them: a direct reference (plain lists
+# of tokens, a loop per query) compared on chunked, ragged, padded schedules.
+GOOD_TEST_MINE = '''"""My tests: gqa_attention against a direct reference, on chunked inputs."""
+import math
+
+import numpy as np
+import pytest
+
+from kv_cache import KVCache, gqa_attention
+
+
+def reference(q, keys, values, n_new):
+    B, Hq, T, d = q.shape
+    out = np.zeros((B, Hq, T, d))
+    for b in range(B):
+        total = len(keys[b])
+        for h in range(Hq):
+            for t in range(int(n_new[b])):
+                last = total - int(n_new[b]) + t
+                heads = len(keys[b][0])
+                K = np.array([keys[b][p][h * heads // Hq] for p in range(last + 1)])
+                V = np.array([values[b][p][h * heads // Hq] for p in range(last + 1)])
+                s = K @ q[b, h, t] / math.sqrt(d)
+                w = np.exp(s - s.max())
+                out[b, h, t] = (w / w.sum()) @ V
+    return out
+
+
+SCHEDULES = [
+    ([[4], [3], [1], [1]], 2, 2, 0),
+    ([[3, 0, 2], [2, 4, 0], [1, 1, 1], [0, 2, 3]], 2, 3, 1),
+]
+
+
+@pytest.mark.parametrize("schedule,Hkv,G,pad", SCHEDULES)
+def test_chunked_schedule_matches_reference(schedule, Hkv, G, pad):
+    rng = np.random.default_rng(0)
+    B, d = len(schedule[0]), 4
+    cache = KVCache(B, Hkv, 16, d, dtype=np.float64)
+    keys, values = [[] for _ in range(B)], [[] for _ in range(B)]
+    for step in schedule:
+        n_new = np.array(step, dtype=np.int64)
+        T = int(n_new.max()) + pad
+        k = rng.standard_normal((B, Hkv, T, d))
+        v = rng.standard_normal((B, Hkv, T, d))
+        q = rng.standard_normal((B, Hkv * G, T, d))
+        before = np.array(cache.lens, copy=True)
+        buffer = cache.k
+        cache.append(k, v, n_new)
+        assert cache.k is buffer
+        assert cache.lens.tolist() == (before + n_new).tolist()
+        for b in range(B):
+            for t in range(step[b]):
+                keys[b].append(k[b, :, t])
+                values[b].append(v[b, :, t])
+        out = gqa_attention(q, cache, n_new)
+        assert np.all(np.isfinite(out))
+        np.testing.assert_allclose(out, reference(q, keys, values, n_new), atol=1e-10)
+
+
+def test_overflow_changes_nothing():
+    cache = KVCache(2, 1, 4, 2, dtype=np.float64)
+    cache.append(np.ones((2, 1, 3, 2)), np.ones((2, 1, 3, 2)), np.array([1, 3]))
+    before = np.array(cache.lens, copy=True)
+    with pytest.raises(ValueError):
+        cache.append(np.ones((2, 1, 2, 2)), np.ones((2, 1, 2, 2)), np.array([2, 2]))
+    assert cache.lens.tolist() == before.tolist()
+'''
+
+# The tests a candidate writes when they only think of decode and a full prefill.
+WEAK_TEST_MINE = GOOD_TEST_MINE.replace(
+    "    ([[4], [3], [1], [1]], 2, 2, 0),\n    ([[3, 0, 2], [2, 4, 0], [1, 1, 1], [0, 2, 3]], 2, 3, 1),\n",
+    "    ([[4], [1], [1]], 2, 2, 0),\n    ([[6], [1]], 1, 3, 0),\n")
+
+
+def filled_dir(target: Path, test_mine: str = GOOD_TEST_MINE) -> Path:
+    """``target`` holding the reference's three files and ``test_mine``: what a learner has at the end."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("kv_cache.py", "kv_cache_torch.py", "cost.py"):
+        shutil.copyfile(SOLUTIONS / name, target / name)
+    (target / "test_mine.py").write_text(test_mine)
+    return target
+
+
+def run(step: int, impl: Path) -> progress.Result:
+    return progress.run_step(BY_NUMBER[step], EXERCISES, impl=impl)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    return filled_dir(tmp_path_factory.mktemp("reference"))
+
+
+def test_steps_toml_lists_the_seven_steps_in_order():
+    data = tomllib.loads((EXERCISES / "steps.toml").read_text())
+    assert [s["number"] for s in data["step"]] == list(range(1, 8))
+    files = sorted(str(p.relative_to(EXERCISES)) for p in (EXERCISES / "tests").glob("test_step*.py"))
+    assert sorted(t for s in STEPS for t in s.tests) == files
+    for step in STEPS:
+        assert step.tests[0].startswith(f"tests/test_step{step.number}_"), step.tests
+        one_sentence = step.goal.endswith(".") and "\n" not in step.goal and not re.search(r"\.\s+[A-Z]", step.goal)
+        assert one_sentence, f"step {step.number}'s goal is not one sentence: {step.goal}"
+        assert len(step.hints) >= 2, f"step {step.number} needs at least two hints"
+        assert step.fills
+
+
+@pytest.mark.parametrize("step", [s.number for s in STEPS])
+def test_every_step_passes_on_the_reference(step, reference):
+    result = run(step, reference)
+    assert result.status == "done", f"step {step} on the reference: {result.check}\n{result.failure}"
+    assert result.passed >= 1
+
+
+@pytest.mark.parametrize("step", [s.number for s in STEPS])
+def test_every_step_fails_on_the_stubs_and_names_itself(step):
+    result = run(step, EXERCISES)
+    assert result.status == "pending", f"step {step} passed on the stubs"
+    assert result.failure.startswith(f"step {step}:"), result.failure
+    assert "not written yet" in result.failure or "NotImplementedError" in result.failure, result.failure
+
+
+PLANTED = {  # mistake id: the step that must catch it first
+    "length_before_write": 1,
+    "concat_growth": 1,
+    "modulo_head_mapping": 2,
+    "missing_scale": 2,
+    "chunk_local_mask": 3,
+    "off_by_one_mask": 3,
+    "ragged_keys_unmasked": 4,
+    "ragged_keys_unmasked/batch_mask": 4,
+    "nan_padding": 4,
+}
+
+PLANTED_KV_CACHE = '''from catalogue.mutants import plant
+from solutions.kv_cache import KVCache as _KVCache, gqa_attention as _gqa_attention
+
+KVCache, gqa_attention = plant({mistake!r}, _KVCache, _gqa_attention)
+'''
+
+REPEAT_KV_CACHE = '''import numpy as np
+from solutions.kv_cache import KVCache, gqa_attention as _gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    """Right answers, by repeating K and V out to all Hq heads first."""
+    group = np.asarray(q).shape[1] // cache.k.shape[1]
+    wide = KVCache.__new__(KVCache)
+    wide.k, wide.v = np.repeat(cache.k, group, axis=1), np.repeat(cache.v, group, axis=1)
+    wide.lens = cache.lens
+    return _gqa_attention(q, wide, n_new)
+'''
+
+
+@pytest.mark.parametrize("mistake", list(PLANTED))
+def test_the_step_that_should_catch_a_mistake_names_it(mistake, tmp_path):
+    (tmp_path / "kv_cache.py").write_text(PLANTED_KV_CACHE.format(mistake=mistake))
+    step = PLANTED[mistake]
+    earlier = run(step - 1, tmp_path) if step > 1 else None
+    result = run(step, tmp_path)
+    assert result.status == "pending", f"step {step} did not catch {mistake}"
+    assert mistake.split("/")[0] in result.failure, result.failure
+    assert result.failure.startswith(f"step {step}:"), result.failure
+    if earlier is not None:
+        assert earlier.status == "done", f"{mistake} should get past step {step - 1}: {earlier.failure}"
+
+
+def test_step_2_catches_a_materialised_repeat(tmp_path):
+    (tmp_path / "kv_cache.py").write_text(REPEAT_KV_CACHE)
+    result = run(2, tmp_path)
+    assert result.status == "pending"
+    assert "kv_repeat" in result.failure and "G=16" in result.failure, result.failure
+
+
+def test_step_3_message_says_which_keys_the_query_saw(tmp_path):
+    (tmp_path / "kv_cache.py").write_text(PLANTED_KV_CACHE.format(mistake="chunk_local_mask"))
+    failure = run(3, tmp_path).failure
+    assert "query 0 of the chunk (absolute position 4) saw keys 0..0 but should see keys 0..4" in failure, failure
+    assert "n_new=[3]" in failure and "T=3" in failure and "lens after it=[7]" in failure, failure
+
+
+# Small PyTorch ports, each right in its answers but making one mistake step 6 must see.
+TORCH_PORT = '''import math
+
+import torch
+from solutions.kv_cache_torch import KVCache as _KVCache, gqa_attention as _gqa_attention
+
+MODE = {mode!r}
+
+
+class KVCache(_KVCache):
+    def append(self, k_new, v_new, n_new):
+        if MODE != "cat":
+            return super().append(k_new, v_new, n_new)
+        super().append(k_new, v_new, n_new)
+        self.k = torch.cat([self.k[:, :, :0], self.k], dim=2)  # regrown: a new tensor each call
+        self.v = torch.cat([self.v[:, :, :0], self.v], dim=2)
+
+
+def gqa_attention(q, cache, n_new):
+    _gqa_attention(q, cache, n_new)  # the reference's input checks
+    B, Hkv, _, d = cache.k.shape
+    Hq, T = q.shape[1], q.shape[2]
+    G = Hq // Hkv
+    n_new = torch.as_tensor(n_new, device=q.device)
+    out = torch.zeros_like(q)
+    S = int(cache.lens.max()) if B else 0
+    if T == 0 or S == 0:
+        return out
+    k, v = cache.k[:, :, :S], cache.v[:, :, :S]
+    t = torch.arange(T, device=q.device)
+    if MODE == "top_left" and T > 1:
+        pos = t[None, :].expand(B, T)  # the chunk's own positions: is_causal=True
+    else:
+        pos = (cache.lens - n_new)[:, None] + t
+    visible = (torch.arange(S, device=q.device) <= pos[:, :, None]) & (t[None, :] < n_new[:, None])[:, :, None]
+    visible = visible[:, None, None]
+    if MODE == "broadcast":
+        scores = q.view(B, Hkv, G, T, d) @ k.unsqueeze(2).transpose(-1, -2) / math.sqrt(d)
+    else:
+        scores = (q.reshape(B, Hkv, G * T, d) @ k.transpose(-1, -2)).view(B, Hkv, G, T, S) / math.sqrt(d)
+    weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).masked_fill(~visible, 0.0)
+    return (weights.reshape(B, Hkv, G * T, S) @ v).reshape(B, Hq, T, d)
+'''
+
+
+@pytest.mark.parametrize("mode,mistake,evidence", [
+    ("broadcast", "kv_repeat", "aten.clone"),
+    ("cat", "concat_growth", "aten.cat"),
+    ("top_left", "chunk_local_mask", "should see keys 0.."),
+])
+def test_step_6_watches_the_ops_of_the_torch_port(mode, mistake, evidence, tmp_path):
+    (tmp_path / "kv_cache_torch.py").write_text(TORCH_PORT.format(mode=mode))
+    result = run(6, tmp_path)
+    assert result.status == "pending", f"step 6 passed a port with {mistake}"
+    assert mistake in result.failure and evidence in result.failure, result.failure
+
+
+def test_step_6_passes_the_folded_torch_port(tmp_path):
+    (tmp_path / "kv_cache_torch.py").write_text(TORCH_PORT.format(mode="right"))
+    result = run(6, tmp_path)
+    assert result.status == "done", result.failure
+
+
+def test_step_7_fails_tests_that_miss_chunk_local_mask(tmp_path):
+    filled_dir(tmp_path, WEAK_TEST_MINE)
+    result = run(7, tmp_path)
+    assert result.status == "pending"
+    assert "chunk_local_mask" in result.failure and "missed" in result.failure, result.failure
+    assert "kill matrix" in result.failure
+
+
+def test_step_7_reports_the_kill_matrix(reference):
+    import json
+
+    result = run(7, reference)
+    matrix = json.loads(result.properties["kill_matrix"])
+    assert matrix["your kv_cache.py"] == "pass"
+    assert matrix["chunk_local_mask"] == "fail"
+    from catalogue.mutants import PLANTED as planted
+    assert set(planted) <= set(matrix)
+
+
+def test_step_7_wants_a_test_mine(tmp_path):
+    filled_dir(tmp_path).joinpath("test_mine.py").unlink()
+    result = run(7, tmp_path)
+    assert result.status == "pending" and "no test_mine.py" in result.failure, result.failure
+
+
+def test_a_crash_in_the_learners_code_is_reported_with_its_line(tmp_path):
+    source = (SOLUTIONS / "kv_cache.py").read_text().replace(
+        "    out = np.zeros(q.shape, dtype=q.dtype)\n", "    out = np.zeros(q.shape, dtype=q.dtype)\n    out[99]\n", 1)
+    assert "out[99]" in source
+    (tmp_path / "kv_cache.py").write_text(source)
+    failure = run(2, tmp_path).failure
+    assert failure.startswith("step 2: gqa_attention (kv_cache.py, line") and "IndexError" in failure, failure
+    assert "`out[99]`" in failure and "while running" in failure, failure
+
+
+def test_a_syntax_error_is_reported_plainly(tmp_path):
+    (tmp_path / "kv_cache.py").write_text("class KVCache:\n    def __init__(self\n")
+    failure = run(1, tmp_path).failure
+    assert failure.startswith("step 1: importing") and "SyntaxError" in failure, failure
