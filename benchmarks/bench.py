@@ -62,9 +62,9 @@ def settings(quick: bool) -> dict:
     """
     if quick:
         return dict(concat_n=2048, concat_rounds=3, decode_rounds=8, read_bytes=512 * 2**20,
-                    reservation_rounds=40, grade_batch=2, grade_single_run=False)
+                    reservation_rounds=60, grade_batch=2, grade_single_run=False)
     return dict(concat_n=4096, concat_rounds=3, decode_rounds=30, read_bytes=2**30,
-                reservation_rounds=100, grade_batch=None, grade_single_run=True)
+                reservation_rounds=200, grade_batch=None, grade_single_run=True)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -114,6 +114,17 @@ def numpy_blas() -> dict:
     return info
 
 
+def cpu_pressure() -> float | None:
+    """Linux CPU pressure, ``some avg10`` from /proc/pressure/cpu: % of the last 10 s that a task
+    waited for a core (how busy the neighbours were); ``None`` where not available."""
+    try:
+        with open("/proc/pressure/cpu", encoding="utf-8") as f:
+            fields = dict(kv.split("=") for kv in f.readline().split()[1:])
+        return float(fields["avg10"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def environment() -> dict:
     """What the figures were measured on: CPU, core count, library versions, thread settings."""
     import numpy as np
@@ -132,6 +143,7 @@ def environment() -> dict:
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
                                                "MKL_NUM_THREADS") if os.environ.get(k) is not None},
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "cpu_pressure_avg10_at_start": cpu_pressure(),
     }
 
 
@@ -372,6 +384,7 @@ def run(args) -> dict:
         results.update(gpu_figures(args.gpu_json))
     results["targets"] = target_status(results)
     results["bench_seconds"] = time.perf_counter() - started
+    results["machine"]["cpu_pressure_avg10_at_end"] = cpu_pressure()
     return results
 
 
@@ -445,6 +458,10 @@ def main(argv: list[str] | None = None) -> int:
              + (f" (OpenBLAS {blas['openblas_core']}, {blas['openblas_threads']} threads)"
                 if "openblas_threads" in blas else ""))
     rows, lines = table_rows(results, status), notes(results, status)
+    if m.get("cpu_pressure_avg10_at_start") is not None:
+        lines.append(f"CPU pressure (share of the last 10 s a task waited for a core): "
+                     f"{m['cpu_pressure_avg10_at_start']:.0f}% at the start, {m['cpu_pressure_avg10_at_end']:.0f}% "
+                     f"at the end; timings are the fastest of interleaved rounds.")
     print_table(rows, lines, title)
     written = write_outputs(results, args)
     (Path(args.out) / "table.md").write_text(markdown(rows, lines, title), encoding="utf-8")

@@ -56,7 +56,21 @@ def expand(paths: list[str]) -> list[str]:
 
 
 def _grade_one(path: str, options: Options) -> dict:
-    return grade(path, options)
+    """Grade one submission; a grader failure on hostile input becomes that submission's report, never the batch's end."""
+    import time
+    import traceback
+
+    started = time.monotonic()
+    try:
+        return grade(path, options)
+    except Exception as exc:  # noqa: BLE001
+        from grader.grade import _error_report
+        from grader.submission import name_of
+
+        report = _error_report(name_of(path), options, f"the grader failed on this submission ({type(exc).__name__}: "
+                               f"{str(exc)[:200]})", started)
+        report["grader_trace"] = traceback.format_exc()[-1500:]
+        return report
 
 
 def report_name(path: str) -> str:
@@ -90,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(seed=args.seed if args.seed is not None else random.SystemRandom().randrange(2**31),
                       timeout=args.timeout, trials=args.trials, rubric=rubric,
                       isolation=isolation.choose(args.isolation))
-    if options.isolation and options.isolation.warning and not args.quiet:
+    if options.isolation and options.isolation.warning:
         print(f"warning: {options.isolation.warning}", file=sys.stderr)
 
     done = {}
@@ -123,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         with Progress(console=console, transient=True, disable=not show_progress) as progress:
             task = progress.add_task("grading", total=len(todo))
             for path in todo:
-                finished(path, grade(path, options))
+                finished(path, _grade_one(path, options))
                 progress.advance(task)
     else:
         with ProcessPoolExecutor(max_workers=args.jobs) as pool, \

@@ -182,6 +182,7 @@ class Run:
     level: str
     wrap: object = None
     notes: list = field(default_factory=list)
+    suspicious: list = field(default_factory=list)  # tools of tampering the sandbox's guard saw in use
 
     @property
     def job(self) -> str:
@@ -207,17 +208,25 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
     results = jobs.read_results(run.job)
     if child.reason:
         run.notes.append(f"harness: {child.reason}")
+    run.notes += child.notes  # what the sandbox refused or saw, a flood of output, processes left behind
+    run.suspicious = child.suspicious
     if results is None or not isinstance(results.get("numpy"), dict):
-        return run.error(f"the submission could not be run: {child.reason or 'the child wrote no readable results'}",
-                         output_tail=child.output_tail[-500:])
+        why = child.reason or (f"the child exited with status {child.returncode} before writing any result "
+                               f"(it ended itself, e.g. os._exit, while importing or on its first trial)")
+        return run.error(f"the submission could not be run: {why}", output_tail=child.output_tail[-500:],
+                         notes=run.notes)
     err = results["numpy"].get("import")
     if err:
-        return run.error(f"kv_cache.py failed to import: {err.get('type')}: {err.get('message')}")
+        return run.error(f"kv_cache.py failed to import: {err.get('type')}: {err.get('message')}", notes=run.notes)
     try:
         return _evaluate(run, trials, expected, results)
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, ArithmeticError) as exc:
         # The child's files are data written by untrusted code: anything malformed ends here.
-        return run.error(f"the child's results are malformed ({type(exc).__name__}: {str(exc)[:200]})")
+        tampered = results.get("tampered") if isinstance(results.get("tampered"), list) else []
+        suspect = f"; tampering suspected: {', '.join(map(str, tampered + run.suspicious))[:300]}" \
+            if tampered or run.suspicious else ""
+        return run.error(f"the child's results are malformed ({type(exc).__name__}: {str(exc)[:200]}){suspect}",
+                         notes=run.notes)
 
 
 def _evaluate(run: Run, trials, expected, results) -> dict:
@@ -236,10 +245,10 @@ def _evaluate(run: Run, trials, expected, results) -> dict:
     # Tampering: measured evidence from a process that rewired its own meters is void.
     source = scan.scan(run.workdir)
     tampered = results.get("tampered") if isinstance(results.get("tampered"), list) else ["unreadable"]
-    if tampered or source["tamper"]:
+    if tampered or source["tamper"] or run.suspicious:
         why = "; ".join(([f"runtime: {', '.join(map(str, tampered))} replaced"] if tampered else [])
-                        + source["tamper"][:3])
-        for cid in ("preallocated_in_place", "no_kv_repeat", "live_length"):
+                        + [f"runtime: {s}" for s in run.suspicious[:3]] + source["tamper"][:3])
+        for cid in ("preallocated_in_place", "no_kv_repeat", "live_length", "overflow_atomic"):
             criteria[cid] = evaluate.Criterion(cid, "error", f"measurement not trusted: the submission touches the "
                                                f"harness's tools ({why})")
         run.notes.append(f"tampering suspected: {why}")

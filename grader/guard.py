@@ -77,7 +77,7 @@ class Guard:
     # ---------------------------------------------------------------- helpers
 
     def log(self, action: str, event: str, detail: str, where: str = "") -> None:
-        key = (action, event, detail[:60], where)
+        key = (action, event, detail[:60] if action == "blocked" else "", where)
         if key in self.logged or self.lines >= LOG_LIMIT:
             return
         self.logged.add(key)

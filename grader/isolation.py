@@ -51,10 +51,11 @@ class Sandbox:
     drop_uid: bool = False
     uid_base: int | None = UID_BASE
     hide: list = field(default_factory=list)
+    userns: bool = False  # unprivileged: a user namespace too, and the child's capabilities dropped
 
     def child_uid(self) -> int | None:
         """The uid the next child runs as (unique among this machine's concurrent graders), or None."""
-        if not self.drop_uid:
+        if not self.drop_uid or self.userns:
             return None
         if self.uid_base is None:
             return NOBODY
@@ -71,6 +72,8 @@ class Sandbox:
         ro += [os.path.realpath(p) for p in sandbox.site_dirs()]
         cfg = {"uid": uid, "gid": uid, "workdir": os.path.realpath(workdir), "ro": list(dict.fromkeys(ro)),
                "hide": self.hide}
+        if self.userns:
+            cfg.update(userns=True, outer_uid=os.getuid(), outer_gid=os.getgid())
         inner = [os.path.realpath(command[0]), *command[1:]]
         return [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(cfg), "--", *inner]
 
@@ -110,7 +113,12 @@ def _uid_base() -> int | None:
 PROBE = r"""
 import json, os, sys
 facts = {"uid": os.getuid(), "pid": os.getpid(), "kit_visible": os.path.exists(sys.argv[1]),
-         "proc": os.path.exists("/proc/self/status")}
+         "proc": os.path.exists("/proc/self/status"), "caps": "?"}
+try:
+    with open("/proc/self/status") as f:
+        facts["caps"] = next((line.split()[1] for line in f if line.startswith("CapEff:")), "?")
+except OSError:
+    pass
 try:
     with open("/proc/self/net/dev") as f:
         facts["net"] = sorted(line.split(":")[0].strip() for line in f.readlines()[2:])
@@ -161,10 +169,14 @@ def _describe(box: Sandbox, facts: dict) -> tuple[str, list[str]]:
             short.append("the kit's directories are visible")
         if not facts.get("proc"):
             short.append("no /proc")
-        what = f"namespaces ({', '.join(parts)}; private root, kit hidden; uid {facts.get('uid')}, " \
-               f"no_new_privs, rlimits, audit guard)"
+        if box.userns:
+            parts.insert(0, "user")
+        who = "no capabilities" if box.userns else "own uid"
+        if facts.get("caps") != "0000000000000000":
+            short.append(f"the child keeps capabilities ({facts.get('caps')})")
+        what = f"namespaces ({', '.join(parts)}; private root, kit hidden; {who}, no_new_privs, rlimits, audit guard)"
     else:
-        uid = f"uid {facts.get('uid')}, " if facts.get("uid") else ""
+        uid = "own uid, " if facts.get("uid") else ""
         what = f"process ({uid}no_new_privs, rlimits, -I -S, private directory, audit guard)"
         short.append("no Linux namespaces: the kit's files are refused only by the audit guard, "
                      "and the network only by the guard")
@@ -182,22 +194,26 @@ def choose(requested: str = "auto") -> Isolation:
     """The isolation for ``requested`` (auto, process or namespaces), probed once per process.
 
     ``auto`` and ``namespaces`` try namespaces first and fall back to the
-    process level with a warning that says why; ``process`` skips them.
+    process level with a warning that says why; ``process`` skips them (so
+    does ``auto`` when the environment sets ``KVKIT_NO_NAMESPACES``).
     """
     if requested in _CHOSEN:
         return _CHOSEN[requested]
     base = _uid_base()
     tried = []
     candidates = []
-    if requested != "process" and sys.platform.startswith("linux"):
-        candidates.append(Sandbox(namespaces=True, drop_uid=True, uid_base=base, hide=kit_dirs()))
-    if hasattr(os, "getuid") and os.getuid() == 0:
+    root = hasattr(os, "getuid") and os.getuid() == 0
+    # KVKIT_NO_NAMESPACES=1 tries the fallback on a machine that has namespaces (as CI without them would).
+    if requested != "process" and sys.platform.startswith("linux") and not os.environ.get("KVKIT_NO_NAMESPACES"):
+        candidates.append(Sandbox(namespaces=True, drop_uid=root, uid_base=base, hide=kit_dirs(), userns=not root))
+    if root:
         candidates.append(Sandbox(namespaces=False, drop_uid=True, uid_base=base, hide=kit_dirs()))
     candidates.append(Sandbox(namespaces=False, drop_uid=False, hide=kit_dirs()))
     chosen = None
     for box in candidates:
         facts, why = probe(box)
-        if facts is None or (box.drop_uid and not facts.get("uid")) or (box.namespaces and facts.get("kit_visible")):
+        if facts is None or (box.drop_uid and not facts.get("uid")) or (box.namespaces and facts.get("kit_visible")) \
+                or (box.userns and facts.get("caps") != "0000000000000000"):
             name = "namespaces" if box.namespaces else "a uid of its own"
             tried.append(f"{name}: {why or 'the probe saw ' + json.dumps(facts)}")
             continue
@@ -216,12 +232,15 @@ def choose(requested: str = "auto") -> Isolation:
 
 # ---------------------------------------------------------------------- the launcher (run as a script)
 
+CLONE_NEWUSER = 0x10000000
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x4000000, 0x8000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_BIND, MS_REC, MS_PRIVATE = 1024, 2048, 1 << 21, 4096, 16384, 1 << 18
 KEEP_FLAGS = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME | MS_RELATIME
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT = 1, 38, 24, 28, 47
+SECBIT_NOROOT_ALL = 0x2f  # noroot, no_setuid_fixup and keep_caps, each locked: exec as uid 0 grants nothing
+PR_CAP_AMBIENT_CLEAR_ALL = 4
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 SETUP_FAILED = 125
 
@@ -351,9 +370,19 @@ def _init(k: _Kernel, cfg: dict, command: list[str]) -> int:
     if pid == 0:
         try:
             os.chdir(cfg["workdir"])
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
+            if cfg.get("userns"):
+                # One uid is mapped (ours, as 0): no uid to drop to, so drop every capability instead.
+                k.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT_ALL)
+                k.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+                for cap in range(64):
+                    try:
+                        k.prctl(PR_CAPBSET_DROP, cap)
+                    except OSError:
+                        break
+            else:
+                os.setgroups([])
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
             k.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a change of uid clears it
             k.prctl(PR_SET_NO_NEW_PRIVS, 1)
             os.execv(command[0], command)
@@ -376,7 +405,13 @@ def launch(cfg: dict, command: list[str]) -> int:
 
     k = _Kernel()
     try:
-        k.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+        k.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+                  | (CLONE_NEWUSER if cfg.get("userns") else 0))
+        if cfg.get("userns"):
+            for name, text in (("setgroups", "deny"), ("uid_map", f"0 {cfg['outer_uid']} 1"),
+                               ("gid_map", f"0 {cfg['outer_gid']} 1")):
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(text)
     except OSError as exc:
         os.write(2, f"kvkit sandbox: namespaces not available: {exc}\n".encode())
         return SETUP_FAILED

@@ -20,6 +20,7 @@ FIFOs before the parent reads anything from it.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import resource
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 OUTPUT_KEEP = 2000  # characters of output a report may quote
 FLOOD_NOTE = 1 * 2**20  # bytes of output worth a note
 GUARD_LOG_LIMIT = 64 * 2**10
+GUARD_EVENTS_KEPT = 50
 SWEEP_ENTRY_LIMIT = 20000
 HERE = os.path.dirname(os.path.abspath(__file__))
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
@@ -287,7 +289,8 @@ def _guard_config(workdir: str, job: str) -> dict:
 
 
 def _read_guard_log(path: str) -> list[dict]:
-    events = []
+    """The guard's log, one entry per distinct event (forked copies of a child each log their own)."""
+    events, seen = [], set()
     try:
         with open(path, "rb") as f:
             data = f.read(GUARD_LOG_LIMIT)
@@ -299,7 +302,11 @@ def _read_guard_log(path: str) -> list[dict]:
         except ValueError:
             continue
         if isinstance(event, dict):
-            events.append({k: str(event.get(k, ""))[:200] for k in ("a", "e", "d", "w")})
+            event = {k: str(event.get(k, ""))[:200] for k in ("a", "e", "d", "w")}
+            key = (event["a"], event["e"], event["d"][:60] if event["a"] == "blocked" else "", event["w"])
+            if key not in seen and len(events) < GUARD_EVENTS_KEPT:
+                seen.add(key)
+                events.append(event)
     return events
 
 
@@ -351,6 +358,9 @@ def run_child(argv: list[str], workdir: str, limits: Limits, wrap=None) -> Child
         json.dump(_guard_config(workdir, job), f)
     command = [sys.executable, "-I", "-S", "-B", os.path.join(job, "guard.py"), os.path.join(job, "guard.json"), *argv]
 
+    if getattr(wrap, "userns", False):
+        # Without root the child keeps our uid, and RLIMIT_NPROC counts all our processes: bound its own.
+        limits = dataclasses.replace(limits, processes=limits.processes + len(_processes_of(os.getuid())))
     uid = wrap.child_uid() if hasattr(wrap, "child_uid") else None
     namespaces = bool(getattr(wrap, "namespaces", False))
     if hasattr(wrap, "child_uid"):

@@ -71,6 +71,7 @@ def test_each_example_behaves_as_its_entry_says(example):
     module = load_example(example)
     mistakes = EXPECTED[example]["mistakes"]
     failing_checks = {CHECK_OF[MISTAKES[m]["criterion"]] for m in mistakes if MISTAKES[m]["criterion"] in CHECK_OF}
+    failing_checks |= set(EXPECTED[example].get("refuses", []))  # refused with a clear error: no output to pass
     if "chunk_local_mask" in mistakes or "ragged_keys_unmasked" in mistakes:
         failing_checks.add("ragged_rows")  # ragged trials contain chunks too
     if "modulo_head_mapping" in mistakes or "missing_scale" in mistakes or "off_by_one_mask" in mistakes:

@@ -1,6 +1,6 @@
 """The classroom notebook (SPEC section 7), graded by the real nbgrader.
 
-Each grading test copies the nbgrader course (``notebooks/``) into a temporary
+The grading test copies the nbgrader course (``notebooks/``) into a temporary
 directory, runs ``nbgrader generate_assignment``, places submissions under
 ``submitted/<student>/kv_cache/``, runs ``nbgrader autograde`` and reads the
 scores from nbgrader's gradebook (``nbgrader.api.Gradebook`` on the course's
@@ -8,8 +8,9 @@ scores from nbgrader's gradebook (``nbgrader.api.Gradebook`` on the course's
 interpreter (a ``python3`` kernelspec on a temporary ``JUPYTER_PATH``), so the
 hidden tests import the kit from the environment running the tests.
 
-The two grading tests are independent (each its own course), so ``pytest -n 2``
-runs them side by side.
+The grading is one test (one course, one ``generate_assignment``, one
+``autograde`` of four submissions), so that ``pytest -n 2`` never runs two
+kernels' worth of it on one worker while the other idles.
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ import sys
 from pathlib import Path
 
 import nbformat
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 COURSE = ROOT / "notebooks"
@@ -132,18 +132,6 @@ def _nbgrader(course: Path, env: dict, *args: str) -> str:
     return log
 
 
-@pytest.fixture
-def course(tmp_path):
-    """A copy of the course with the student version generated: ``(course_dir, env)``."""
-    course_dir = tmp_path / "course"
-    course_dir.mkdir()
-    shutil.copy(COURSE / "nbgrader_config.py", course_dir)
-    shutil.copytree(COURSE / "source", course_dir / "source")
-    env = _environment(tmp_path)
-    _nbgrader(course_dir, env, "generate_assignment", ASSIGNMENT)
-    return course_dir, env
-
-
 def _submit(course_dir: Path, student: str, nb) -> None:
     folder = course_dir / "submitted" / student / ASSIGNMENT
     folder.mkdir(parents=True)
@@ -174,8 +162,16 @@ def _errors(course_dir: Path, student: str) -> list:
             if cell.cell_type == "code" for out in cell.outputs if out.output_type == "error"]
 
 
-def test_student_version_and_autograde_of_solution_and_blank(course):
-    course_dir, env = course
+def test_nbgrader_generate_and_autograde(tmp_path):
+    """generate_assignment, then one autograde of four submissions, scored from the gradebook."""
+    course_dir = tmp_path / "course"
+    course_dir.mkdir()
+    shutil.copy(COURSE / "nbgrader_config.py", course_dir)
+    shutil.copytree(COURSE / "source", course_dir / "source")
+    env = _environment(tmp_path)
+    _nbgrader(course_dir, env, "generate_assignment", ASSIGNMENT)
+
+    # The student version: no solution, no hidden test, no output; a stub in every answer cell.
     release = nbformat.read(course_dir / "release" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
     text = "\n".join(cell.source for cell in release.cells)
     for leak in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", "grader.checks", "from solutions",
@@ -186,12 +182,16 @@ def test_student_version_and_autograde_of_solution_and_blank(course):
             "torch_port", "own_check"} <= set(stubs)
     assert all(not c.get("outputs") for c in release.cells if c.cell_type == "code")
 
+    # One autograde run (nbgrader grades students one after the other) for the four submissions.
     _submit(course_dir, "solved", nbformat.read(SOURCE, as_version=4))
     _submit(course_dir, "blank", release)
+    _submit(course_dir, "chunk_local", _replace_answer("visible_keys", CHUNK_LOCAL_MASK))
+    _submit(course_dir, "nan_padding", _replace_answer("softmax_visible", NAN_PADDING))
     _nbgrader(course_dir, env, "autograde", ASSIGNMENT)
 
+    full = {g: (float(p), float(p)) for g, p in POINTS.items()}
     solved = _scores(course_dir, "solved")
-    assert solved == {g: (float(p), float(p)) for g, p in POINTS.items()}, solved
+    assert solved == full, solved
     assert _errors(course_dir, "solved") == [], "the solved notebook must run top to bottom without an error"
 
     blank = _scores(course_dir, "blank")
@@ -199,17 +199,10 @@ def test_student_version_and_autograde_of_solution_and_blank(course):
     failed = {cell for cell, _, _ in _errors(course_dir, "blank")}
     assert set(POINTS) <= failed, "every graded cell of the blank notebook must fail, not be skipped"
 
+    assert _scores(course_dir, "chunk_local") == {**full, "test_chunked_prefill": (0.0, full["test_chunked_prefill"][1])}
+    assert _scores(course_dir, "nan_padding") == {**full, "test_padding": (0.0, full["test_padding"][1])}
+
+    # Feedback lands in feedback/<student>/<assignment>/<notebook>.html.
     _nbgrader(course_dir, env, "generate_feedback", ASSIGNMENT, "--student", "solved")
     feedback = course_dir / "feedback" / "solved" / ASSIGNMENT / f"{NOTEBOOK}.html"
     assert feedback.exists() and "test_chunked_prefill" in feedback.read_text(encoding="utf-8")
-
-
-def test_planted_mistakes_lose_exactly_their_points(course):
-    course_dir, env = course
-    _submit(course_dir, "chunk_local", _replace_answer("visible_keys", CHUNK_LOCAL_MASK))
-    _submit(course_dir, "nan_padding", _replace_answer("softmax_visible", NAN_PADDING))
-    _nbgrader(course_dir, env, "autograde", ASSIGNMENT)
-
-    full = {g: (float(p), float(p)) for g, p in POINTS.items()}
-    assert _scores(course_dir, "chunk_local") == {**full, "test_chunked_prefill": (0.0, full["test_chunked_prefill"][1])}
-    assert _scores(course_dir, "nan_padding") == {**full, "test_padding": (0.0, full["test_padding"][1])}

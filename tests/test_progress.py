@@ -51,6 +51,7 @@ def text_of(c: Console) -> str:
 @pytest.fixture(autouse=True)
 def no_impl_override(monkeypatch):
     monkeypatch.delenv("KVKIT_IMPL", raising=False)
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # quicker step 7 runs (see test_steps.py)
 
 
 def test_fresh_copy_shows_step_1_pending_with_its_goal_and_failure(tmp_path):

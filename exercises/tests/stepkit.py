@@ -38,7 +38,8 @@ _FAILED_CASE: list[str] = []
 def fail(message: str):
     """End the test with ``message`` in plain words, prefixed with the step (no traceback)."""
     prefix = f"step {STEP}: " if STEP is not None and not message.startswith("step ") else ""
-    pytest.fail(prefix + message, pytrace=False)
+    # "from None": called inside an except block, the report still shows the message alone.
+    raise pytest.fail.Exception(prefix + message, pytrace=False) from None
 
 
 def fmt(value) -> str:
@@ -50,11 +51,6 @@ def fmt(value) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(fmt(v) for v in value) + "]"
     return str(value)
-
-
-def config(**items) -> str:
-    """``B=1, Hkv=2, G=4, ...`` from keyword arguments (None values left out)."""
-    return ", ".join(f"{k}={fmt(v)}" for k, v in items.items() if v is not None)
 
 
 @contextlib.contextmanager
@@ -86,22 +82,25 @@ def expect_error(call, what: str, names, nothing_changed=None):
     ``what`` describes the bad input in plain words; ``nothing_changed``, if
     given, is called afterwards and returns a complaint string or None.
     """
+    wanted = " or ".join(names)
+    problem = None
     try:
         call()
     except (ValueError, TypeError) as exc:
         text = str(exc)
         if not any(name.lower() in text.lower() for name in names):
-            fail(f"{what}: it raised {type(exc).__name__}({text!r}), which does not say which argument is wrong; "
-                 f"name it ({' or '.join(names)}) and give the shapes or values.")
+            problem = (f"it raised {type(exc).__name__}({text!r}), which does not say which argument is wrong; "
+                       f"raise your own error naming it ({wanted}) with the shapes or values.")
     except Exception as exc:
-        fail(f"{what}: it raised {type(exc).__name__}({exc}) but should raise a ValueError (or TypeError) "
-             f"naming {' or '.join(names)}.")
+        problem = f"it raised {type(exc).__name__}({exc}) but should raise a ValueError (or TypeError) naming {wanted}."
     else:
-        fail(f"{what}: it returned normally but should raise a ValueError (or TypeError) naming {' or '.join(names)}.")
-    if nothing_changed is not None:
+        problem = f"it returned normally but should raise a ValueError (or TypeError) naming {wanted}."
+    if problem is None and nothing_changed is not None:
         complaint = nothing_changed()
         if complaint:
-            fail(f"{what}: it raised, but {complaint}")
+            problem = f"it raised, but {complaint}"
+    if problem:  # failed outside the except block: no chained traceback in the report
+        fail(f"{what}: {problem}")
 
 
 # --------------------------------------------------------------------------- backends
@@ -255,11 +254,11 @@ def check_contents(be, setup, history, cache, counts, lens, start_k, start_v):
                                  f"tokens starting at its length before the call, lens[{b}]={before}.")
                     elif not np.array_equal(cell, start[name][b, j, p], equal_nan=True):
                         fail(f"{setup}: after {history}, cache.{name}[{b}, {j}, {p}] changed to "
-                             f"{describe_code(float(cell[0]), counts)}, but row {b} holds only {lens[b]} tokens: "
+                             f"{describe_code(float(cell[0]), counts)}, but row {b} holds only {lens[b]} token{'' if lens[b] == 1 else 's'}: "
                              f"slots at or past lens[{b}] must stay untouched (padding slots are never stored).")
 
 
-def run_overflow(be, label: str, watch_lens=True):
+def run_overflow(be, label: str):
     """An append that overflows one row of three must raise ValueError and change nothing."""
     B, Hkv, max_len, d = 3, 2, 6, 2
     setup = f"{label} (B={B}, Hkv={Hkv}, d={d}, max_len={max_len})"
@@ -291,7 +290,8 @@ def run_overflow(be, label: str, watch_lens=True):
     k_new, v_new = coded_tokens(3, B, Hkv, 4, d)
     what = f"{setup}: with lens={fmt(lens0)}, append(n_new=[4, 1, 4], T=4) fills rows 0 and 1 exactly to max_len=6"
     try:
-        cache.append(be.array(k_new), be.array(v_new), be.counts([4, 1, 4]))
+        with case(what):
+            cache.append(be.array(k_new), be.array(v_new), be.counts([4, 1, 4]))
     except ValueError as exc:
         fail(f"{what}; it raised ValueError({exc}). lens[b] + n_new[b] == max_len fits: only > max_len overflows.")
     if be.lens(cache) != [6, 6, 5]:
@@ -386,7 +386,9 @@ def check_output_type(be, setup, out, shape, dtype):
         fail(f"{setup}: the output has shape {list(be.shape_of(out))} but should have q's shape "
              f"[B, Hq, T, d] = {list(shape)}.")
     if be.dtype_of(out) != dtype:
-        fail(f"{setup}: the output has dtype {be.dtype_of(out)} but should have q's dtype {dtype}.")
+        want = np.dtype(dtype).name if be.name == "NumPy" else dtype
+        fail(f"{setup}: the output has dtype {be.dtype_of(out)} but should have q's dtype {want} "
+             f"(q, k and v were all {want}).")
 
 
 def run_scale(be, label: str, d: int = 16, dtype=None):
@@ -614,8 +616,10 @@ def run_windows(be, label: str, Hkv: int, G: int, calls, d: int = 4, max_len: in
                     be.write(cache.v, b, lens[b], room, be.array(tail, dtype))
                     be.write(cache.k, b, lens[b], room, be.array(np.zeros_like(tail), dtype))
         S = max(lens) if B else 0
-        kind = "decode" if T == 1 and all(n in (0, 1) for n in n_new) else (
-            "full prefill" if all(s == 0 for s in starts) else "chunked prefill")
+        if len(set(n_new)) > 1 or len(set(starts)) > 1:
+            kind = "ragged call"
+        else:
+            kind = "decode" if T == 1 else ("full prefill" if starts[0] == 0 else "chunked prefill")
         setup = (f"{head}, {kind}: call {i + 1} of [{', '.join(history)}], T={T}, n_new={fmt(n_new)}, "
                  f"lens after it={fmt(lens)}")
         q = np.zeros((B, Hq, T, d))
@@ -643,7 +647,8 @@ def run_windows(be, label: str, Hkv: int, G: int, calls, d: int = 4, max_len: in
                     seen = decode_window(got[b, h, t])
                     if seen == (0, pos):
                         continue
-                    who = "the decode query" if T == 1 else f"query {t} of the chunk"
+                    who = "the decode query" if T == 1 else (
+                        f"query {t} of the prefill" if kind == "full prefill" else f"query {t} of the chunk")
                     head_text = f", query head {h}" if h else ""
                     seen_text = "no key" if seen == "none" else (
                         f"keys {seen[0]}..{seen[1]}" if isinstance(seen, tuple) else seen)

@@ -65,6 +65,8 @@ def run_mine(mine: Path, shim_dir: Path, mutant: str) -> tuple[str, str]:
     "error: ..." (no tests, a crash, a timeout).
     """
     env = dict(os.environ)
+    if env.pop("KVKIT_PLUGINS_OFF", None):  # the progress runner turned pytest plugins off for the steps only
+        env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
     env["KVKIT_MUTANT"] = mutant
     env["PYTHONPATH"] = os.pathsep.join([str(shim_dir), str(mine.parent)])
     env["PYTHONDONTWRITEBYTECODE"] = "1"

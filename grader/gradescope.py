@@ -1,0 +1,271 @@
+"""``kvkit gradescope OUT.zip``: a Gradescope autograder bundle, and the code that runs inside it.
+
+Gradescope unpacks the bundle into ``/autograder/source``, runs ``setup.sh``
+once to build the image, then, for every submission, runs ``run_autograder``,
+which grades ``/autograder/submission`` and writes
+``/autograder/results/results.json``. The bundle holds:
+
+* ``setup.sh``: finds or installs Python >= 3.11, makes ``/autograder/venv``
+  and installs the kit from ``source/`` (the CPU build of torch);
+* ``run_autograder``: runs ``python -m grader.gradescope --autograde``, and
+  writes a zero-score ``results.json`` itself if even that fails, so a student
+  never sees a bare crash;
+* ``kvkit_autograder.json``: the grading options chosen when the bundle was
+  built (timeout, trials, isolation, seed, rubric);
+* the kit's packages (``kvkit``, ``grader``, ``solutions``, ``catalogue``) and
+  ``pyproject.toml``. The submission cannot read them: the sandbox hides the
+  kit's directories (namespaces) or refuses them (the audit guard).
+
+The autograder root is ``$KVKIT_AUTOGRADER_ROOT`` (default ``/autograder``) and
+the Python that runs it ``$KVKIT_AUTOGRADER_PYTHON`` (default
+``$ROOT/venv/bin/python``), so the bundle can be tried in a local directory laid
+out like Gradescope's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+import time
+import traceback
+import zipfile
+
+KIT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("kvkit", "grader", "solutions", "catalogue")
+TOP_FILES = ("pyproject.toml",)
+CONFIG = "kvkit_autograder.json"
+SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ipynb_checkpoints", "examples"}
+SKIP_SUFFIXES = (".pyc", ".pyo", ".DS_Store")
+FIND_DEPTH = 3
+
+SETUP_SH = r"""#!/usr/bin/env bash
+# Gradescope runs this once, as root, when it builds the autograder image.
+# It finds (or installs) Python >= 3.11, makes $ROOT/venv and installs the kit into it.
+set -euo pipefail
+ROOT="${KVKIT_AUTOGRADER_ROOT:-/autograder}"
+SOURCE="$ROOT/source"
+
+find_python() {
+  for candidate in python3.13 python3.12 python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 && \
+       "$candidate" -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+      command -v "$candidate"; return 0
+    fi
+  done
+  return 1
+}
+
+PY="$(find_python || true)"
+if [ -z "$PY" ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  apt-get install -y --no-install-recommends python3 python3-venv python3-pip ca-certificates || true
+  PY="$(find_python || true)"
+fi
+if [ -z "$PY" ]; then
+  apt-get install -y --no-install-recommends software-properties-common
+  add-apt-repository -y ppa:deadsnakes/ppa
+  apt-get update
+  apt-get install -y --no-install-recommends python3.11 python3.11-venv
+  PY="$(find_python)"
+fi
+# util-linux gives the sandbox its namespace tools where the container allows them.
+command -v unshare >/dev/null 2>&1 || apt-get install -y --no-install-recommends util-linux || true
+
+"$PY" -m venv "$ROOT/venv"
+"$ROOT/venv/bin/python" -m pip install --upgrade pip
+"$ROOT/venv/bin/python" -m pip install --extra-index-url https://download.pytorch.org/whl/cpu -e "$SOURCE"
+"$ROOT/venv/bin/python" -c "import grader.gradescope, numpy, torch; print('kvkit autograder ready')"
+"""
+
+RUN_AUTOGRADER = r"""#!/usr/bin/env bash
+# Gradescope runs this for every submission: grade $ROOT/submission, write $ROOT/results/results.json.
+# KVKIT_AUTOGRADER_ROOT (default /autograder) lets it run in a local directory laid out the same way.
+set -u
+ROOT="${KVKIT_AUTOGRADER_ROOT:-/autograder}"
+SOURCE="$ROOT/source"
+PY="${KVKIT_AUTOGRADER_PYTHON:-$ROOT/venv/bin/python}"
+mkdir -p "$ROOT/results"
+rm -f "$ROOT/results/results.json"
+cd "$SOURCE" || exit 0
+PYTHONPATH="$SOURCE${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m grader.gradescope --autograde --root "$ROOT"
+status=$?
+if [ ! -s "$ROOT/results/results.json" ]; then
+  printf '{"score": 0, "output": "The autograder could not run (exit status %s). Please tell the course staff.", "tests": []}\n' \
+    "$status" > "$ROOT/results/results.json"
+fi
+exit 0
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvkit gradescope", description=__doc__.split("\n\n")[0])
+    p.add_argument("out", nargs="?", metavar="OUT.zip", help="where to write the autograder bundle")
+    p.add_argument("--timeout", type=float, default=120.0, help="wall-clock seconds per sandboxed run (default 120)")
+    p.add_argument("--trials", type=int, default=200, help="random trials (at least 200 for a verdict; default 200)")
+    p.add_argument("--seed", type=int, help="fixed seed of the hidden trials (default: random per submission)")
+    p.add_argument("--rubric", metavar="FILE", help="a rubric TOML file to grade with (default: the kit's)")
+    p.add_argument("--isolation", choices=["auto", "process", "namespaces"], default="auto",
+                   help="sandbox level to ask for on Gradescope's workers (default: the best available)")
+    p.add_argument("--autograde", action="store_true", help=argparse.SUPPRESS)  # run inside the bundle
+    p.add_argument("--root", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+# ---------------------------------------------------------------------- building the bundle
+
+def _add(zf: zipfile.ZipFile, arcname: str, data: bytes, executable: bool = False) -> None:
+    info = zipfile.ZipInfo(arcname, date_time=(2024, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = ((0o755 if executable else 0o644) | stat.S_IFREG) << 16
+    zf.writestr(info, data)
+
+
+def bundle_files() -> list[tuple[str, str]]:
+    """``(path on disk, name in the zip)`` for the kit's files that the autograder needs."""
+    files = [(os.path.join(KIT_ROOT, name), name) for name in TOP_FILES if os.path.isfile(os.path.join(KIT_ROOT, name))]
+    for package in PACKAGES:
+        base = os.path.join(KIT_ROOT, package)
+        for root, dirs, names in os.walk(base):
+            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+            for name in sorted(names):
+                if name.endswith(SKIP_SUFFIXES) or name.startswith("."):
+                    continue
+                path = os.path.join(root, name)
+                files.append((path, os.path.relpath(path, KIT_ROOT)))
+    return files
+
+
+def build(out: str, config: dict, rubric: str | None = None) -> list[str]:
+    """Write the bundle to ``out`` (atomically); return the names in it."""
+    out = os.path.abspath(out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = out + ".tmp"
+    names = []
+    with zipfile.ZipFile(tmp, "w") as zf:
+        for arcname, text, executable in (("setup.sh", SETUP_SH, True), ("run_autograder", RUN_AUTOGRADER, True)):
+            _add(zf, arcname, text.encode(), executable)
+            names.append(arcname)
+        if rubric:
+            with open(rubric, "rb") as f:
+                _add(zf, "rubric.toml", f.read())
+            names.append("rubric.toml")
+            config = {**config, "rubric": "rubric.toml"}
+        _add(zf, CONFIG, (json.dumps(config, indent=2) + "\n").encode())
+        names.append(CONFIG)
+        for path, arcname in bundle_files():
+            with open(path, "rb") as f:
+                _add(zf, arcname, f.read())
+            names.append(arcname)
+    os.replace(tmp, out)
+    return names
+
+
+# ---------------------------------------------------------------------- inside the bundle
+
+def find_submission(directory: str) -> str | None:
+    """The submission under Gradescope's ``submission/``: a folder with kv_cache.py (or a notebook), or a .py."""
+    def has_code(d):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            return False
+        return "kv_cache.py" in names or any(n.endswith(".ipynb") for n in names)
+
+    if has_code(directory):
+        return directory
+    found = []
+    for root, dirs, _ in os.walk(directory):
+        depth = os.path.relpath(root, directory).count(os.sep) + 1
+        dirs[:] = [d for d in dirs if not d.startswith((".", "__MACOSX"))] if depth < FIND_DEPTH else []
+        if root != directory and has_code(root):
+            found.append((depth, root))
+    if found:
+        return min(found)[1]
+    try:
+        py = sorted(n for n in os.listdir(directory) if n.endswith(".py") and not n.startswith("test_"))
+    except OSError:
+        return None
+    return os.path.join(directory, py[0]) if len(py) == 1 else None
+
+
+def _failure(output: str) -> dict:
+    return {"score": 0.0, "output": output, "visibility": "visible", "stdout_visibility": "hidden", "tests": []}
+
+
+def autograde(root: str) -> int:
+    """Grade ``root``/submission and write ``root``/results/results.json; 0 unless that file cannot be written."""
+    from grader import report as report_mod
+
+    started = time.monotonic()
+    results_path = os.path.join(root, "results", "results.json")
+    try:
+        config = {}
+        config_path = os.path.join(KIT_ROOT, CONFIG)
+        if os.path.exists(config_path):
+            with open(config_path) as f:
+                config = json.load(f)
+        submission = find_submission(os.path.join(root, "submission"))
+        if submission is None:
+            results = _failure("No submission found: upload kv_cache.py (with cost.py, kv_cache_torch.py and "
+                               "test_*.py if you have them), or a notebook.")
+        else:
+            from grader import isolation
+            from grader.grade import Options, grade
+            from grader.rubric import load as load_rubric
+
+            rubric = config.get("rubric")
+            options = Options(timeout=float(config.get("timeout", 120.0)), trials=int(config.get("trials", 200)),
+                              rubric=load_rubric(os.path.join(KIT_ROOT, rubric) if rubric else None),
+                              isolation=isolation.choose(config.get("isolation", "auto")))
+            if config.get("seed") is not None:
+                options.seed = int(config["seed"])
+            if options.isolation.warning:
+                print(f"warning: {options.isolation.warning}", file=sys.stderr)
+            report = grade(submission, options)
+            results = report_mod.gradescope(report)
+            results["extra_data"] = {"tier": report["tier"], "seed": report["seed"], "mistakes": report["mistakes"],
+                                     "isolation": report["isolation"]}
+            report_mod.print_report(report)
+    except Exception as exc:  # noqa: BLE001 - the student must still get a results.json
+        traceback.print_exc()
+        results = _failure(f"The autograder failed ({type(exc).__name__}: {str(exc)[:200]}). "
+                           "Please tell the course staff.")
+    results["execution_time"] = round(time.monotonic() - started, 2)
+    try:
+        report_mod.write_json_atomic(results_path, results)
+    except OSError as exc:
+        print(f"kvkit gradescope: cannot write {results_path}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.autograde:
+        return autograde(args.root or os.environ.get("KVKIT_AUTOGRADER_ROOT", "/autograder"))
+    if not args.out:
+        print("kvkit gradescope: give the bundle's path, e.g. kvkit gradescope autograder.zip", file=sys.stderr)
+        return 2
+    if args.timeout <= 0 or args.trials < 1:
+        print("kvkit gradescope: --timeout and --trials must be positive", file=sys.stderr)
+        return 2
+    if args.rubric:
+        from grader.rubric import RubricError, load as load_rubric
+
+        try:
+            load_rubric(args.rubric)
+        except RubricError as exc:
+            print(f"kvkit gradescope: {exc}", file=sys.stderr)
+            return 2
+    config = {"timeout": args.timeout, "trials": args.trials, "isolation": args.isolation, "seed": args.seed}
+    names = build(args.out, config, args.rubric)
+    print(f"wrote {args.out}: setup.sh, run_autograder and {len(names) - 2} kit files; upload it as the "
+          f"autograder of a Gradescope programming assignment")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
