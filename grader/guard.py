@@ -134,7 +134,10 @@ class Guard:
             value = os.fsdecode(os.fspath(value))
         except TypeError:
             return None
-        return os.path.realpath(os.path.join(os.getcwd(), value))
+        try:
+            return os.path.realpath(os.path.join(os.getcwd(), value))
+        except OSError:  # no working directory left: place the path nowhere the child may go
+            return "/nonexistent/" + value.lstrip("/")
 
     def inside(self, path: str) -> bool:
         return path == self.workdir or path.startswith(self.workdir + os.sep) or path in self.write_ok

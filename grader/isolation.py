@@ -32,7 +32,7 @@ KIT_PACKAGES = ("solutions", "grader", "catalogue", "exercises", "kvkit", "bench
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys/devices/system/cpu")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 UID_BASE = 1_000_000  # each child runs as UID_BASE + (grading process id % UID_SPAN)
-UID_SPAN = 1_000_000
+UID_SPAN = 1 << 22  # pid_max is at most 2**22: concurrent graders never share a uid
 NOBODY = 65534
 
 PROCESS = "process (rlimits, -I -S, private directory)"

@@ -241,6 +241,17 @@ def _processes_of(uid: int) -> list[int]:
     return pids
 
 
+def _tasks_of(uid: int) -> int:
+    """Threads running as ``uid`` (what RLIMIT_NPROC counts)."""
+    total = 0
+    for pid in _processes_of(uid):
+        try:
+            total += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            pass
+    return total
+
+
 def _kill_all_as(uid: int) -> None:
     """Run in a helper that has become ``uid``: kill(-1) reaches every process of that uid but itself."""
     try:
@@ -358,10 +369,10 @@ def run_child(argv: list[str], workdir: str, limits: Limits, wrap=None) -> Child
         json.dump(_guard_config(workdir, job), f)
     command = [sys.executable, "-I", "-S", "-B", os.path.join(job, "guard.py"), os.path.join(job, "guard.json"), *argv]
 
-    if getattr(wrap, "userns", False):
-        # Without root the child keeps our uid, and RLIMIT_NPROC counts all our processes: bound its own.
-        limits = dataclasses.replace(limits, processes=limits.processes + len(_processes_of(os.getuid())))
     uid = wrap.child_uid() if hasattr(wrap, "child_uid") else None
+    if uid is None and hasattr(os, "getuid") and os.getuid() != 0:
+        # The child keeps our uid, and RLIMIT_NPROC counts every task of it: leave room for ours.
+        limits = dataclasses.replace(limits, processes=limits.processes + _tasks_of(os.getuid()))
     namespaces = bool(getattr(wrap, "namespaces", False))
     if hasattr(wrap, "child_uid"):
         command = wrap(command, workdir, uid)

@@ -276,8 +276,9 @@ def render(results: list[Result], folder: Path, out: Out, prog: str) -> None:
         out.line(("  ", ""), (text, "red"))
     out.line("")
     hint_cmd = "python progress.py hint" if prog.endswith("progress.py") else "kvkit hint"
-    out.line(f"Fix it and save; `{prog} --watch` reruns on every save. Stuck? `{hint_cmd}` "
-             f"({len(step.hints)} hints for this step, one at a time).")
+    stuck = (f" Stuck? `{hint_cmd}` ({len(step.hints)} hint{'s' if len(step.hints) != 1 else ''} for this step, "
+             f"one at a time)." if step.hints else "")
+    out.line(f"Fix it and save; `{prog} --watch` reruns on every save.{stuck}")
 
 
 # --------------------------------------------------------------------------- commands
@@ -373,7 +374,8 @@ def hint_main(argv: list[str] | None = None, console=None, prog: str = "kvkit hi
             return 0
         step = pending.step
     if not step.hints:
-        out.line(f"Step {step.number} has no hints.")
+        out.line(f"Step {step.number}: {step.title}. There are no hints for it here (this copy of the "
+                 f"exercises came without them); its goal: {step.goal}")
         return 0
     state = _load_state(folder)
     shown = int(state.get(str(step.number), 0))

@@ -2,8 +2,8 @@
 
 The bundle is the learner's path, standing alone: the stub files, the visible
 step tests, a README for the candidate (the task, the contract, how to run
-the tests, what to hand back), ``steps.toml`` with the hints (``--no-hints``
-leaves them out), ``progress.py`` (a copy of kvkit/progress.py, which needs
+the tests, what to hand back), ``steps.toml`` (without its hints, which come
+close to the answers; ``--hints`` keeps them for a learner's copy), ``progress.py`` (a copy of kvkit/progress.py, which needs
 only the standard library and, optionally, rich) and the catalogue's planted
 mutants for step 7 (``catalogue/mutants.py`` and ``mistakes.toml``: they
 hold no answer). Nothing of ``solutions/``, ``grader/`` or the hidden trials
@@ -12,6 +12,7 @@ or when any bundled file shares a non-trivial line with those directories.
 
     kvkit starter ~/take-home            then: cd ~/take-home && python progress.py
     kvkit starter ~/take-home --zip      also writes ~/take-home.zip
+    kvkit starter ~/gqa --hints          a learner's copy, hints included
 """
 from __future__ import annotations
 
@@ -202,7 +203,7 @@ def _toml_value(value) -> str:
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
-def build(outdir: Path, hints: bool = True, force: bool = False, exercises: Path = EXERCISES,
+def build(outdir: Path, hints: bool = False, force: bool = False, exercises: Path = EXERCISES,
           kit: Path = KIT) -> list[Path]:
     """Write the bundle into ``outdir`` and return the files written.
 
@@ -255,11 +256,12 @@ def write_zip(outdir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``kvkit starter OUTDIR [--zip] [--no-hints] [--force]``: exit 0 when built, 2 when not."""
+    """``kvkit starter OUTDIR [--zip] [--hints] [--force]``: exit 0 when built, 2 when not."""
     parser = argparse.ArgumentParser(prog="kvkit starter", description="Build the candidate's take-home bundle.")
     parser.add_argument("outdir", help="the directory to create (must not exist, or be empty)")
     parser.add_argument("--zip", action="store_true", help="also write OUTDIR.zip, ready to send")
-    parser.add_argument("--no-hints", action="store_true", help="leave the hints out of steps.toml")
+    parser.add_argument("--hints", action="store_true",
+                        help="keep the hints in steps.toml (they come close to the answers: for learners, not candidates)")
     parser.add_argument("--force", action="store_true", help="replace an earlier bundle in OUTDIR")
     try:
         args = parser.parse_args(argv)
@@ -267,13 +269,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     outdir = Path(args.outdir)
     try:
-        written = build(outdir, hints=not args.no_hints, force=args.force)
+        written = build(outdir, hints=args.hints, force=args.force)
     except BuildError as exc:
         print(f"kvkit starter: {exc}", file=sys.stderr)
         return 2
     outdir = outdir.expanduser().resolve()
-    print(f"Wrote the take-home bundle to {outdir} ({len(written)} files"
-          f"{', without hints' if args.no_hints else ''}).")
+    print(f"Wrote the take-home bundle to {outdir} ({len(written)} files, "
+          f"{'with' if args.hints else 'without'} hints).")
     if args.zip:
         print(f"Wrote {write_zip(outdir)}")
     print(f"The candidate starts with: cd {outdir.name} && pip install -r requirements.txt && python progress.py")

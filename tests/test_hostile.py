@@ -8,10 +8,10 @@ Few random trials keep it fast: these tests are about containment, not verdict a
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -86,17 +86,27 @@ def leftover_processes() -> list[str]:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Every hostile case, then a well-behaved submission, graded in one batch."""
-    for path in ESCAPES:
-        if os.path.exists(path):
-            os.remove(path)
-    with open(SENTINEL, "w") as f:
-        f.write("must survive the hostile batch\n")
-    out = str(tmp_path_factory.mktemp("hostile"))
-    cases = sorted(EXPECT)
-    done = grade_batch([os.path.join(HOSTILE, c) for c in cases] + [WELL_BEHAVED], out)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return read_reports(out), done
+    """Every hostile case, then a well-behaved submission, graded in one batch: ``(reports, stderr)``.
+
+    Under pytest-xdist the batch runs once per session, whichever worker comes first; the others
+    wait for it and read its reports.
+    """
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out, marker = shared / "hostile-batch", shared / "hostile-batch.done"
+    with open(shared / "hostile-batch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.exists():
+            for path in ESCAPES:
+                if os.path.exists(path):
+                    os.remove(path)
+            with open(SENTINEL, "w") as f:
+                f.write("must survive the hostile batch\n")
+            cases = sorted(EXPECT)
+            done = grade_batch([os.path.join(HOSTILE, c) for c in cases] + [WELL_BEHAVED], str(out))
+            assert done.returncode == 0, done.stderr[-3000:]
+            marker.write_text(done.stderr)
+    return read_reports(str(out)), marker.read_text()
 
 
 def text_of(report: dict) -> str:
@@ -140,11 +150,11 @@ def test_nothing_escaped(graded):
 def test_isolation_is_named(graded):
     from grader import isolation
 
-    reports, done = graded
+    reports, stderr = graded
     level = isolation.choose("auto")
     assert reports["hire_basic"]["isolation"] == level.level
     if level.warning:
-        assert "weaker than full" in done.stderr  # even with --quiet
+        assert "weaker than full" in stderr  # even with --quiet
     else:
         assert level.level.startswith("namespaces")
         # at the full level the kit is not even there to be refused

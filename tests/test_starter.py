@@ -89,7 +89,7 @@ def test_the_bundle_holds_the_stubs_tests_readme_and_nothing_else(bundle):
                    "KVCache(batch, kv_heads, max_len, head_dim", "gqa_attention(q, cache, n_new)"):
         assert needed in readme, needed
     steps = tomllib.loads((bundle / "steps.toml").read_text())["step"]
-    assert [s["number"] for s in steps] == list(range(1, 8)) and all(s["hints"] for s in steps)
+    assert [s["number"] for s in steps] == list(range(1, 8)) and not any(s["hints"] for s in steps)
 
 
 def test_nothing_of_solutions_or_grader_is_in_the_bundle(bundle):
@@ -129,11 +129,10 @@ def test_the_bundle_tests_fail_on_the_stubs_naming_each_step(bundle, bare_python
         assert failure.startswith(f"step {number}:"), failure
 
 
-def test_progress_runs_in_the_bundle_without_the_kit(bundle, bare_python):
+def test_hint_in_the_bundle_says_there_are_none(bundle, bare_python):
     proc = subprocess.run([bare_python, "progress.py", "hint"], cwd=bundle, capture_output=True, text=True,
                           env=bare_env(), timeout=300)
-    assert proc.returncode == 0 and "Step 1:" in proc.stdout and "Hint 1 of" in proc.stdout, proc.stdout + proc.stderr
-    (bundle / ".kvkit-hints.json").unlink()
+    assert proc.returncode == 0 and "Step 1:" in proc.stdout and "no hints" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_step_7_works_in_a_filled_bundle_without_the_kit(bundle, bare_python, tmp_path):
@@ -155,12 +154,19 @@ def test_step_7_works_in_a_filled_bundle_without_the_kit(bundle, bare_python, tm
     assert matrix["chunk_local_mask"] == "fail" and matrix["your kv_cache.py"] == "pass"
 
 
-def test_no_hints_leaves_the_hints_out(tmp_path):
+def test_hints_only_when_asked(tmp_path, bare_python):
     out = tmp_path / "bundle"
-    assert starter.main([str(out), "--no-hints"]) == 0
+    assert starter.main([str(out), "--hints"]) == 0
     steps = tomllib.loads((out / "steps.toml").read_text())["step"]
-    assert len(steps) == 7 and not any(s["hints"] for s in steps)
-    assert steps[2]["goal"] == tomllib.loads((KIT / "exercises" / "steps.toml").read_text())["step"][2]["goal"]
+    assert steps == tomllib.loads((KIT / "exercises" / "steps.toml").read_text())["step"]
+    proc = subprocess.run([bare_python, "progress.py", "hint", "--step", "3"], cwd=out, capture_output=True,
+                          text=True, env=bare_env(), timeout=300)
+    assert proc.returncode == 0 and f"Hint 1 of {len(steps[2]['hints'])}: {steps[2]['hints'][0]}" in proc.stdout
+    bare = tmp_path / "bare"
+    assert starter.main([str(bare)]) == 0
+    plain = tomllib.loads((bare / "steps.toml").read_text())["step"]
+    assert [{k: v for k, v in s.items() if k != "hints"} for s in plain] == \
+        [{k: v for k, v in s.items() if k != "hints"} for s in steps]
 
 
 def test_it_refuses_a_non_empty_directory_and_filled_stubs(tmp_path, capsys):

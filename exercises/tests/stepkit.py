@@ -387,8 +387,12 @@ def check_output_type(be, setup, out, shape, dtype):
              f"[B, Hq, T, d] = {list(shape)}.")
     if be.dtype_of(out) != dtype:
         want = np.dtype(dtype).name if be.name == "NumPy" else dtype
+        why = ""
+        if be.name == "NumPy" and want == "float32" and be.dtype_of(out) == np.float64:
+            why = (" In NumPy 2 a float32 array combined with a NumPy float64 scalar (np.sqrt(d) is one) "
+                   "becomes float64: cast the result to q.dtype, or scale by a Python float (math.sqrt).")
         fail(f"{setup}: the output has dtype {be.dtype_of(out)} but should have q's dtype {want} "
-             f"(q, k and v were all {want}).")
+             f"(q, k and v were all {want}).{why}")
 
 
 def run_scale(be, label: str, d: int = 16, dtype=None):
