@@ -16,7 +16,10 @@ over an array far larger than the last-level cache. Compared in the same rounds:
   position, so it sees every live key);
 - repeat-then-attend: ``k.repeat_interleave(G, dim=1)`` (and v), then SDPA
   without ``enable_gqa``: the ``kv_repeat`` mistake, G times the KV written and
-  read per step.
+  read per step;
+- the NumPy reference and the port again with one thread each (OpenBLAS and
+  torch's OpenMP; set through ``benchmarks/threads.py`` around those calls only),
+  to show what the default thread count costs or gains on this machine.
 
 Figure 3. The same live length (``RESERVATION_LIVE`` = 448 tokens) in a
 reservation of 8,192 and of 512: the time of a decode step in the large one over
@@ -32,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.opprofile import profile_numpy, profile_torch
+from benchmarks.threads import openblas_threads, setter
 from benchmarks.timing import interleaved
 from solutions import kv_cache as ref
 from solutions import kv_cache_torch as port
@@ -137,7 +141,7 @@ def read_buffer(nbytes: int) -> torch.Tensor:
 
 
 def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int = 0,
-                   profile_calls: int = 5, repeat_every: int = 3) -> dict:
+                   profile_calls: int = 5, repeat_every: int = 3, budget_s: float | None = None) -> dict:
     """Figure 2: time the four variants and the two read passes in ``rounds`` interleaved rounds.
 
     Args:
@@ -147,6 +151,7 @@ def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int =
         profile_calls: calls profiled op by op (the fastest one is kept).
         repeat_every: repeat-then-attend (about 10x slower than the rest) runs
             only every this many rounds.
+        budget_s: seconds after which no new round starts (at least 3 run).
 
     Returns a dict (seconds, bytes per second, fractions): ``read_bw_bytes_per_s``
     (the faster of the two read passes) and each pass's, ``decode_*_seconds``,
@@ -160,14 +165,27 @@ def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int =
         variants = {"read_numpy": lambda: big_np.sum(), "read_torch": lambda: big.sum()}
         variants.update(step_variants(s))
         k1, v1 = s.decode_token
-        live, n = shape.live, shape.batch
+        live = shape.live
         # The append of the decode token, undone (lens back to live - 1) before each call.
         variants["append_numpy"] = lambda: s.np_cache.append(k1.numpy(), v1.numpy(), s.ones_np)
         variants["append_torch"] = lambda: s.torch_cache.append(k1, v1, s.ones_torch)
-        setup = {"append_numpy": lambda: s.np_cache.lens.fill(live - 1),
-                 "append_torch": lambda: s.torch_cache.lens.fill_(live - 1)}
+        # The same two steps with one thread each (OpenBLAS for NumPy, OpenMP for
+        # torch): on a small shared machine, how much the default thread count
+        # costs. Every other variant runs at the default counts.
+        blas_default, torch_default = openblas_threads(), torch.get_num_threads()
+        default = setter(blas_default, torch_default)
+        variants["numpy_1thread"] = variants["numpy"]
+        variants["torch_1thread"] = variants["torch"]
+        setup = {name: default for name in variants}
+        setup["numpy_1thread"] = setter(1 if blas_default is not None else None, torch_default)
+        setup["torch_1thread"] = setter(blas_default, 1)
+        setup["append_numpy"] = lambda: (default(), s.np_cache.lens.fill(live - 1))
+        setup["append_torch"] = lambda: (default(), s.torch_cache.lens.fill_(live - 1))
         agree = outputs_agree(s)
-        t = interleaved(variants, rounds, setup=setup, every={"repeat": repeat_every})
+        try:
+            t = interleaved(variants, rounds, setup=setup, every={"repeat": repeat_every}, budget_s=budget_s)
+        finally:
+            default()
         s.np_cache.lens.fill(live)
         s.torch_cache.lens.fill_(live)
         assert int(s.np_cache.lens.min()) == live and int(s.torch_cache.lens.min()) == live
@@ -188,11 +206,12 @@ def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int =
         "read_bw_bytes_per_s": read_bw,
         "read_bw_numpy_sum_bytes_per_s": read_np,
         "read_bw_torch_sum_bytes_per_s": read_torch,
-        "torch_num_threads": torch.get_num_threads(),
+        "torch_num_threads": torch_default,
+        "openblas_num_threads": blas_default,
         "decode_outputs_max_abs_diff": agree,
-        "decode_rounds": rounds,
+        "decode_rounds": len(t["numpy"].samples),
     }
-    for name in ("numpy", "torch", "sdpa", "repeat"):
+    for name in ("numpy", "torch", "sdpa", "repeat", "numpy_1thread", "torch_1thread"):
         out[f"decode_{name}_seconds"] = t[name].best
         out[f"decode_{name}_median_seconds"] = t[name].median
         out[f"decode_{name}_bytes_per_s"] = live_bytes / t[name].best

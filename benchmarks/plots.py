@@ -52,13 +52,17 @@ def plot_concat(fig1: dict, path: Path) -> Path:
 
 def plot_decode(fig2: dict, path: Path) -> Path:
     """Write figure 2 to ``path`` (PNG): achieved GB/s of each decode variant and the read bandwidth."""
-    names = [("numpy", "NumPy reference"), ("torch", "PyTorch port"),
+    names = [("numpy", "NumPy reference"), ("numpy_1thread", "NumPy reference, 1 thread"),
+             ("torch", "PyTorch port"), ("torch_1thread", "PyTorch port, 1 thread"),
              ("sdpa", "SDPA enable_gqa=True"), ("repeat", "repeat_interleave + SDPA")]
+    names = [(k, label) for k, label in names if f"decode_{k}_bytes_per_s" in fig2]
     gbs = [fig2[f"decode_{k}_bytes_per_s"] / 1e9 for k, _ in names]
     bw = fig2["read_bw_bytes_per_s"] / 1e9
     shape = fig2["decode_shape"]
-    fig, ax = plt.subplots(figsize=(8, 3.4), constrained_layout=True)
-    bars = ax.barh([label for _, label in names][::-1], gbs[::-1], color=["C3", "C2", "C1", "C0"])
+    fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(names) + 1.6), constrained_layout=True)
+    colors = {"numpy": "C0", "numpy_1thread": "#9ecae1", "torch": "C1", "torch_1thread": "#fdae6b",
+              "sdpa": "C2", "repeat": "C3"}
+    bars = ax.barh([label for _, label in names][::-1], gbs[::-1], color=[colors[k] for k, _ in names][::-1])
     ax.set_ylim(-0.5, len(names) - 0.1)
     for bar, value in zip(bars, gbs[::-1]):
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:.1f} GB/s ({value / bw:.0%})",

@@ -31,7 +31,8 @@ class Timing:
 
 def interleaved(variants: dict[str, Callable[[], object]], rounds: int, *, warmup: int = 1,
                 setup: dict[str, Callable[[], object]] | None = None,
-                every: dict[str, int] | None = None) -> dict[str, Timing]:
+                every: dict[str, int] | None = None, budget_s: float | None = None,
+                min_rounds: int = 3) -> dict[str, Timing]:
     """Time each variant ``rounds`` times, one call of each per round, in turn.
 
     Args:
@@ -49,7 +50,13 @@ def interleaved(variants: dict[str, Callable[[], object]], rounds: int, *, warmu
     """
     setup, every = setup or {}, every or {}
     samples: dict[str, list[float]] = {name: [] for name in variants}
+    began = None
     for round_ in range(warmup + rounds):
+        if round_ == warmup:
+            began = time.perf_counter()
+        elif (budget_s is not None and round_ - warmup >= min_rounds
+              and time.perf_counter() - began > budget_s):
+            break
         for name, fn in variants.items():
             if round_ >= warmup and (round_ - warmup) % every.get(name, 1):
                 continue

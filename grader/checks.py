@@ -105,6 +105,17 @@ def check(name: str, KVCache, gqa_attention, seed: int = 0, count: int = 40) -> 
     return CheckResult(name, result.status == "pass", result.evidence, result.mistakes)
 
 
+def torch_as_numpy(KVCache, gqa_attention):
+    """``(KVCache, gqa_attention)`` of a PyTorch port wrapped to take and return NumPy arrays (CPU).
+
+    So the port can go through every other check: ``check("decode", *torch_as_numpy(C, f))``.
+    """
+    import torch
+
+    facing = harness.numpy_facing(types.SimpleNamespace(KVCache=KVCache, gqa_attention=gqa_attention), torch)
+    return facing.KVCache, facing.gqa_attention
+
+
 def _probe(fn, module):
     try:
         return fn(module)

@@ -423,34 +423,39 @@ def main(argv: list) -> int:
     return 0
 
 
-def probe_overflow_torch(mod, torch):
-    """``probe_overflow`` for the port, through a thin NumPy-facing adapter."""
+def numpy_facing(mod, torch):
+    """The port ``mod`` behind the NumPy contract (CPU): NumPy arrays in and out.
+
+    Lets every NumPy probe and check drive a PyTorch port unchanged. Returns a
+    namespace with ``KVCache`` and ``gqa_attention``.
+    """
+    import types
+
     import numpy as np
 
-    class Adapter:
-        def __init__(self, batch, kv_heads, max_len, head_dim, dtype=np.float64):
-            self._c = mod.KVCache(batch, kv_heads, max_len, head_dim, dtype=torch.float64)
+    class KVCache:
+        def __init__(self, batch, kv_heads, max_len, head_dim, dtype=np.float32):
+            self.port = mod.KVCache(batch, kv_heads, max_len, head_dim, dtype=getattr(torch, np.dtype(dtype).name))
 
-        @property
-        def k(self):
-            return self._c.k.numpy()
+        k = property(lambda self: self.port.k.numpy())
+        v = property(lambda self: self.port.v.numpy())
+        lens = property(lambda self: self.port.lens.numpy())
 
-        @property
-        def v(self):
-            return self._c.v.numpy()
+        def append(self, k_new, v_new, n_new):
+            self.port.append(torch.from_numpy(np.ascontiguousarray(k_new)),
+                             torch.from_numpy(np.ascontiguousarray(v_new)), torch.from_numpy(np.asarray(n_new)))
 
-        @property
-        def lens(self):
-            return self._c.lens.numpy()
+    def gqa_attention(q, cache, n_new):
+        out = mod.gqa_attention(torch.from_numpy(np.ascontiguousarray(q)), cache.port,
+                                torch.from_numpy(np.asarray(n_new)))
+        return out.numpy() if isinstance(out, torch.Tensor) else out
 
-        def append(self, k, v, n):
-            self._c.append(torch.from_numpy(np.ascontiguousarray(k)), torch.from_numpy(np.ascontiguousarray(v)),
-                           torch.from_numpy(np.asarray(n)))
+    return types.SimpleNamespace(KVCache=KVCache, gqa_attention=gqa_attention)
 
-    class Shim:
-        KVCache = Adapter
 
-    return probe_overflow(Shim)
+def probe_overflow_torch(mod, torch):
+    """``probe_overflow`` for the port, through ``numpy_facing``."""
+    return probe_overflow(numpy_facing(mod, torch))
 
 
 if __name__ == "__main__":

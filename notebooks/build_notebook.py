@@ -1069,27 +1069,11 @@ def torch_port():
         torch.set_num_threads(1)  # thousands of tiny ops: one thread is fastest, and immune to oversubscription
 
 
-        class NumpyFacing:
-            # The port behind the NumPy contract (CPU), so that the grader's checks can drive it.
-            def __init__(self, batch, kv_heads, max_len, head_dim, dtype=np.float32):
-                self.port = KVCacheTorch(batch, kv_heads, max_len, head_dim, dtype=getattr(torch, np.dtype(dtype).name))
+        from grader.checks import torch_as_numpy
 
-            k = property(lambda self: self.port.k.numpy())
-            v = property(lambda self: self.port.v.numpy())
-            lens = property(lambda self: self.port.lens.numpy())
-
-            def append(self, k_new, v_new, n_new):
-                self.port.append(torch.from_numpy(np.ascontiguousarray(k_new)),
-                                 torch.from_numpy(np.ascontiguousarray(v_new)), torch.from_numpy(np.asarray(n_new)))
-
-
-        def numpy_facing_attention(q, cache, n_new):
-            out = gqa_attention_torch(torch.from_numpy(np.ascontiguousarray(q)), cache.port, torch.from_numpy(np.asarray(n_new)))
-            return out.numpy()
-
-
+        facing = torch_as_numpy(KVCacheTorch, gqa_attention_torch)  # NumPy in and out, so every check applies
         for name in ("decode", "full_prefill", "chunked_prefill", "ragged_rows", "padding"):
-            result = check(name, NumpyFacing, numpy_facing_attention)
+            result = check(name, *facing)
             assert result.passed, f"PyTorch port, {name}: {result.message}"
         # In place and no hidden repeat, from the ops a one-token append and a decode step run (the grader's probe).
         result = check("torch_ops", KVCacheTorch, gqa_attention_torch)

@@ -143,3 +143,8 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
                 "gpu_decode_torch_vs_sdpa", "gpu_decode_repeat_vs_torch"):
         assert data[key] > 0
     assert data["gpu_outputs_max_abs_diff"] < 0.05  # bf16: the port, SDPA and repeat agree
+
+
+def test_interleaved_budget_stops_after_min_rounds():
+    result = interleaved({"a": lambda: None, "b": lambda: None}, rounds=50, budget_s=0.0, min_rounds=2)
+    assert len(result["a"].samples) == len(result["b"].samples) == 2
