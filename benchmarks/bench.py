@@ -63,9 +63,9 @@ def settings(quick: bool) -> dict:
     """
     if quick:
         return dict(concat_n=2048, concat_rounds=3, decode_rounds=8, decode_budget_s=10.0, read_bytes=512 * 2**20,
-                    reservation_rounds=60, grade_batch=2, grade_single_run=False)
+                    reservation_rounds=30, grade_batch=2, grade_single_run=False)
     return dict(concat_n=4096, concat_rounds=3, decode_rounds=30, decode_budget_s=None, read_bytes=2**30,
-                reservation_rounds=200, grade_batch=None, grade_single_run=True)
+                reservation_rounds=100, grade_batch=None, grade_single_run=True)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -207,13 +207,6 @@ def limiting_part(results: dict, impl: str) -> str:
     return text
 
 
-def _fmt_bytes(b: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if b >= size:
-            return f"{b / size:,.2f} {unit}"
-    return f"{b:,.0f} B"
-
-
 def _mark(status: dict, key: str) -> str:
     met = status.get(key, {}).get("met")
     return "" if key not in status else ("n/a" if met is None else ("met" if met else "MISSED"))
@@ -262,7 +255,8 @@ def table_rows(r: dict, status: dict) -> list[tuple[str, str, str, str]]:
         rows.append(("2. decode against the read bandwidth", r["decode_error"], "", ""))
     if r.get("reservation_time_ratio") is not None:
         live, small, large = r["reservation_live"], r["reservation_small"], r["reservation_large"]
-        rows.append((f"3. live {live} keys: reservation {large:,} / {small:,}, time ratio",
+        rows.append((f"3. live {live} keys, B={r['reservation_shape']['batch']}: reservation {large:,} / {small:,}, "
+                     f"time ratio",
                      f"numpy {r['reservation_time_ratio_numpy']:.2f} "
                      f"({r['reservation_numpy_large_seconds'] * 1e3:.2f} / {r['reservation_numpy_small_seconds'] * 1e3:.2f} ms), "
                      f"torch {r['reservation_time_ratio_torch']:.2f} "

@@ -24,10 +24,16 @@ over an array far larger than the last-level cache. Compared in the same rounds:
 Figure 3. The same live length (``RESERVATION_LIVE`` = 448 tokens) in a
 reservation of 8,192 and of 512: the time of a decode step in the large one over
 the small one, for both implementations. A step that scans ``max_len`` keys
-instead of ``lens.max()`` would cost 16 times more in the large one.
+instead of ``lens.max()`` would cost 18 times more in the large one. The batch
+is 32 rows (``RESERVATION_BATCH``), so that the live K/V (117 MB) is well past
+the 32 MiB last-level cache in both: at 8 rows it is 29 MB, about the cache's
+size, and whether it stays in the cache (shared with the neighbours) depends on
+where each buffer's pages land, which swung the ratio between 0.9 and 5 from run
+to run.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -40,7 +46,17 @@ from benchmarks.timing import interleaved
 from solutions import kv_cache as ref
 from solutions import kv_cache_torch as port
 
+SETTLE_SECONDS = 0.15
+
+
+def settle() -> None:
+    """Pause ``SETTLE_SECONDS`` so that OpenBLAS's (or OpenMP's) idle threads stop spinning
+    before the other runtime's variant starts (they spin on for a while after a call)."""
+    time.sleep(SETTLE_SECONDS)
+
+
 RESERVATION_LIVE = 448
+RESERVATION_BATCH = 32
 RESERVATIONS = (512, 8192)
 
 
@@ -162,25 +178,38 @@ def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int =
         s = build(shape, seed)
         big = read_buffer(read_bytes)
         big_np = big.numpy()
-        variants = {"read_numpy": lambda: big_np.sum(), "read_torch": lambda: big.sum()}
-        variants.update(step_variants(s))
+        steps = step_variants(s)
         k1, v1 = s.decode_token
         live = shape.live
-        # The append of the decode token, undone (lens back to live - 1) before each call.
-        variants["append_numpy"] = lambda: s.np_cache.append(k1.numpy(), v1.numpy(), s.ones_np)
-        variants["append_torch"] = lambda: s.torch_cache.append(k1, v1, s.ones_torch)
-        # The same two steps with one thread each (OpenBLAS for NumPy, OpenMP for
-        # torch): on a small shared machine, how much the default thread count
-        # costs. Every other variant runs at the default counts.
         blas_default, torch_default = openblas_threads(), torch.get_num_threads()
         default = setter(blas_default, torch_default)
-        variants["numpy_1thread"] = variants["numpy"]
-        variants["torch_1thread"] = variants["torch"]
+        # Each round runs the NumPy family, then the torch family, with a pause
+        # between (``settle``): OpenBLAS's idle threads spin for a while after a
+        # call and would take a core from the torch op right after (measured
+        # here: the port 53 ms right after the NumPy step, 29 ms after a pause).
+        # The appends of the decode token are undone (lens back to live - 1)
+        # before each call. The ``*_1thread`` variants are the same steps with one
+        # thread (OpenBLAS for NumPy, OpenMP for torch): what the default thread
+        # count costs or gains on a small shared machine.
+        variants = {
+            "read_numpy": lambda: big_np.sum(),
+            "numpy": steps["numpy"],
+            "append_numpy": lambda: s.np_cache.append(k1.numpy(), v1.numpy(), s.ones_np),
+            "numpy_1thread": steps["numpy"],
+            "read_torch": lambda: big.sum(),
+            "torch": steps["torch"],
+            "sdpa": steps["sdpa"],
+            "repeat": steps["repeat"],
+            "append_torch": lambda: s.torch_cache.append(k1, v1, s.ones_torch),
+            "torch_1thread": steps["torch"],
+        }
         setup = {name: default for name in variants}
-        setup["numpy_1thread"] = setter(1 if blas_default is not None else None, torch_default)
-        setup["torch_1thread"] = setter(blas_default, 1)
+        setup["read_numpy"] = lambda: (default(), settle())
         setup["append_numpy"] = lambda: (default(), s.np_cache.lens.fill(live - 1))
+        setup["numpy_1thread"] = setter(1 if blas_default is not None else None, torch_default)
+        setup["read_torch"] = lambda: (default(), settle())
         setup["append_torch"] = lambda: (default(), s.torch_cache.lens.fill_(live - 1))
+        setup["torch_1thread"] = setter(blas_default, 1)
         agree = outputs_agree(s)
         try:
             t = interleaved(variants, rounds, setup=setup, every={"repeat": repeat_every}, budget_s=budget_s)
@@ -189,10 +218,9 @@ def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int =
         s.np_cache.lens.fill(live)
         s.torch_cache.lens.fill_(live)
         assert int(s.np_cache.lens.min()) == live and int(s.torch_cache.lens.min()) == live
-        profiles = {
-            "numpy": profile_numpy(variants["numpy"], s.np_cache, profile_calls),
-            "torch": profile_torch(variants["torch"], profile_calls),
-        }
+        profiles = {"numpy": profile_numpy(variants["numpy"], s.np_cache, profile_calls)}
+        settle()
+        profiles["torch"] = profile_torch(variants["torch"], profile_calls)
         del big, big_np, s
 
     read_np = read_bytes / t["read_numpy"].best
@@ -231,7 +259,7 @@ def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int =
     return out
 
 
-def reservation_figures(rounds: int, seed: int = 0, live: int = RESERVATION_LIVE,
+def reservation_figures(rounds: int, seed: int = 0, live: int = RESERVATION_LIVE, batch: int = RESERVATION_BATCH,
                         reservations: tuple[int, int] = RESERVATIONS) -> dict:
     """Figure 3: a decode step at the same ``live`` length in a small and a large reservation.
 
@@ -241,15 +269,14 @@ def reservation_figures(rounds: int, seed: int = 0, live: int = RESERVATION_LIVE
     and ``reservation_time_ratio``, the larger of the two.
     """
     small, large = reservations
-    base = DecodeShape(live=live)
+    base = DecodeShape(batch=batch, live=live)
     with torch.inference_mode():
-        setups = {m: build(DecodeShape(live=live, max_len=m), seed) for m in (small, large)}
-        variants = {}
-        for m, s in setups.items():
-            steps = step_variants(s)
-            variants[f"numpy_{m}"] = steps["numpy"]
-            variants[f"torch_{m}"] = steps["torch"]
-        t = interleaved(variants, rounds)
+        setups = {m: build(DecodeShape(batch=batch, live=live, max_len=m), seed) for m in (small, large)}
+        steps = {m: step_variants(s) for m, s in setups.items()}
+        # NumPy pair, pause, torch pair (see ``settle``); each pair compared within itself.
+        variants = {f"numpy_{m}": steps[m]["numpy"] for m in setups}
+        variants.update({f"torch_{m}": steps[m]["torch"] for m in setups})
+        t = interleaved(variants, rounds, setup={f"numpy_{small}": settle, f"torch_{small}": settle})
         del setups
     out = {"reservation_live": live, "reservation_small": small, "reservation_large": large,
            "reservation_shape": asdict(base)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+from collections.abc import Callable
 from functools import lru_cache
 
 
@@ -50,11 +51,12 @@ def set_openblas_threads(n: int) -> None:
         lib.scipy_openblas_set_num_threads64_(int(n))
 
 
-def setter(openblas: int | None, torch_threads: int) -> callable:
+def setter(openblas: int | None, torch_threads: int) -> Callable[[], None]:
     """A zero-argument callable that sets both counts (``openblas`` None: leave OpenBLAS alone)."""
     import torch
 
     def apply() -> None:
+        """Set the counts."""
         if openblas is not None:
             set_openblas_threads(openblas)
         if torch.get_num_threads() != torch_threads:

@@ -130,8 +130,8 @@ def gqa_attention(q: np.ndarray, cache: KVCache, n_new) -> np.ndarray:
     v = cache.v[:, :, :S]
     # Head h = j * G + g reads KV head j = h // G: split the query heads into
     # [Hkv, G] and let matmul broadcast K over the group axis by strides.
-    qg = q.reshape(B, Hkv, G, T, d)
-    scores = (qg @ k[:, :, None].swapaxes(-1, -2)) * (1.0 / math.sqrt(d))  # [B, Hkv, G, T, S]
+    qg = (q * (1.0 / math.sqrt(d))).reshape(B, Hkv, G, T, d)  # scale the small q, not the scores
+    scores = qg @ k[:, :, None].swapaxes(-1, -2)  # [B, Hkv, G, T, S]
 
     pos = (cache.lens - n_new)[:, None] + np.arange(T)  # [B, T] absolute position of each query
     real = np.arange(T) < n_new[:, None]  # [B, T] padded slots see nothing
@@ -141,12 +141,14 @@ def gqa_attention(q: np.ndarray, cache: KVCache, n_new) -> np.ndarray:
     # Softmax over visible keys only. A query with no visible key (padding) gets
     # an all-zero row: exp(-inf) is an exact 0 and its sum is replaced by 1, so
     # no 0/0 and no floating-point warning.
-    scores = np.where(visible, scores, -np.inf)
+    np.copyto(scores, -np.inf, where=~visible)  # in place: no new [B, Hkv, G, T, S] array
     peak = scores.max(axis=-1, keepdims=True)
-    peak = np.where(np.isfinite(peak), peak, 0.0)
-    weights = np.exp(scores - peak)
+    peak[~np.isfinite(peak)] = 0.0
+    weights = np.exp(np.subtract(scores, peak, out=scores), out=scores)
     total = weights.sum(axis=-1, keepdims=True)
     weights /= np.where(total > 0, total, 1.0)
 
-    out[...] = (weights @ v[:, :, None]).reshape(B, Hq, T, d)
+    # Fold the group into the rows for the second product: one [G*T, S] @ [S, d]
+    # per KV head instead of G vector-matrix products.
+    out[...] = (weights.reshape(B, Hkv, G * T, S) @ v).reshape(B, Hq, T, d)
     return out
