@@ -16,6 +16,7 @@ This file is self-contained (NumPy only) so it can be copied into a sandbox.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -53,6 +54,9 @@ VARIANTS = {
 # observe (outputs, buffers, lens); the rest show only in time or memory.
 PLANTED = ["chunk_local_mask", "off_by_one_mask", "ragged_keys_unmasked", "modulo_head_mapping",
            "missing_scale", "nan_padding", "length_before_write", "concat_growth"]
+# The control: the same wrapping machinery with no change in behaviour. Tests
+# that fail on it detect the wrapper, not a mistake.
+CONTROL = "identity"
 
 
 def _windowed(rule, KVCache, gqa_attention):
@@ -152,15 +156,7 @@ def _length_before_write(KVCache):
     return EagerLengths
 
 
-def plant(mistake_id: str, KVCache, gqa_attention):
-    """Return ``(KVCache, gqa_attention)`` that make the mistake ``mistake_id``.
-
-    ``mistake_id`` is a catalogue id from ``PLANTED`` or a key of ``WINDOWS``.
-
-    Raises:
-        KeyError: an id with no planted mutant (``kv_repeat``, ``max_len_scan``
-            show only in memory and time, never in outputs).
-    """
+def _planted(mistake_id: str, KVCache, gqa_attention):
     if mistake_id in WINDOWS:
         return KVCache, _windowed(WINDOWS[mistake_id], KVCache, gqa_attention)
     if mistake_id == "modulo_head_mapping":
@@ -173,4 +169,26 @@ def plant(mistake_id: str, KVCache, gqa_attention):
         return _concat_growth(KVCache), gqa_attention
     if mistake_id == "length_before_write":
         return _length_before_write(KVCache), gqa_attention
+    if mistake_id == CONTROL:
+        return type(KVCache.__name__, (KVCache,), {}), lambda q, cache, n_new: gqa_attention(q, cache, n_new)
     raise KeyError(f"no planted mutant for mistake {mistake_id!r}; planted: {', '.join(PLANTED)}")
+
+
+def plant(mistake_id: str, KVCache, gqa_attention):
+    """Return ``(KVCache, gqa_attention)`` that make the mistake ``mistake_id``.
+
+    ``mistake_id`` is a catalogue id from ``PLANTED``, a key of ``WINDOWS``, or
+    ``CONTROL`` (no change). The mutants carry the originals' names, modules and
+    docstrings, so only behaviour tells them apart.
+
+    Raises:
+        KeyError: an id with no planted mutant (``kv_repeat``, ``max_len_scan``
+            show only in memory and time, never in outputs).
+    """
+    cls, fn = _planted(mistake_id, KVCache, gqa_attention)
+    if cls is not KVCache:
+        for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+            setattr(cls, attr, getattr(KVCache, attr, None))
+    if fn is not gqa_attention:
+        fn = functools.wraps(gqa_attention)(fn)
+    return cls, fn

@@ -15,7 +15,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from grader import report as report_mod
-from grader.grade import Options, grade
+from grader.grade import SCHEMA, Options, grade
 from grader.rubric import RubricError, load as load_rubric
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "catalogue", "examples")
@@ -115,9 +115,13 @@ def main(argv: list[str] | None = None) -> int:
             target = os.path.join(args.out, report_name(path))
             try:
                 with open(target) as f:
-                    done[path] = json.load(f)
+                    previous = json.load(f)
             except (OSError, ValueError):
-                pass
+                continue
+            # Only a finished report of this grader counts as done; anything else is graded again.
+            if isinstance(previous, dict) and previous.get("schema") == SCHEMA \
+                    and previous.get("tier") in ("Weak", "Hire", "Strong Hire"):
+                done[path] = previous
     todo = [p for p in paths if p not in done]
     reports = dict(done)
     from rich.console import Console

@@ -76,6 +76,7 @@ class StepVerdict:
     max_error: float = 0.0
     padding: str = "none"  # "none" (no padded slot), "zero", "finite", "nonfinite"
     dtype_ok: bool = True
+    buffers_moved: bool = False  # the cache's k/v were other objects after this step's append
 
 
 @dataclass
@@ -115,6 +116,7 @@ def compare(trials: list[Trial], records: list, outputs: list, expected: list) -
                 verdict.status, verdict.error = "raised", record.get("error") or {}
                 verdict.detail = f"{record['stage']} raised {verdict.error.get('type', '?')}: {verdict.error.get('message', '')}"
                 continue
+            verdict.buffers_moved = record.get("buffers_moved") is True
             got = steps_out[i]
             if got is None:
                 verdict.status = "bad_output"

@@ -8,8 +8,9 @@ Nothing is guessed from source. Thresholds, with their reasons:
   at least a quarter of the live K/V (an in-place write allocates O(new tokens)).
 * ``kv_repeat``: decode at G = 8 allocates at least G/2 times the live K/V
   (a repeat of K alone is G/2 times; an honest copy of K and V is 1 time).
-* ``max_len_scan``: the same live length is at least 3x slower in a 64x larger
-  reservation (a scan of the reservation is ~64x; noise is well under 3x).
+* ``max_len_scan``: the same live length is at least 2x slower in a 32x larger
+  reservation (a scan of the reservation is 3x to 30x, by how much of a call is
+  per-call overhead; honest code measures 0.9x to 1.1x).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from grader.compare import Comparison, StepVerdict, first_failure
 
 REPEAT_FACTOR = 0.5  # of G x live K/V bytes
 GROWTH_FRACTION = 0.25  # of live K/V bytes, for one one-token append
-SCAN_RATIO = 3.0
+SCAN_RATIO = 2.0
 
 
 @dataclass
@@ -109,10 +110,15 @@ def dtype_notes(comparison: Comparison) -> list[str]:
     return [f"output dtype differs from q's in {len(wrong)} steps (the contract: q's dtype)"] if wrong else []
 
 
-def in_place(probe, label: str = "append") -> Criterion:
-    """Buffer identity and bytes allocated per one-token append."""
+def in_place(probe, label: str = "append", comparison: Comparison | None = None) -> Criterion:
+    """Buffer identity and bytes allocated per one-token append; identity in every hidden trial too."""
     if not isinstance(probe, dict) or "error" in probe:
         return _probe_error("preallocated_in_place", probe)
+    moved = [s for s in comparison.steps if s.buffers_moved] if comparison else []
+    if moved:
+        return Criterion("preallocated_in_place", "fail", f"K/V buffers replaced by new objects in "
+                         f"{len({s.trial.name for s in moved})} hidden trials; first: {_where(moved[0])}",
+                         mistakes=["concat_growth"])
     allocs = probe.get("allocs") or []
     grown = [a for a in allocs if a[1] >= GROWTH_FRACTION * a[2]]
     figures = ", ".join(f"{a[1]:,} B at {a[0]:,} tokens" for a in allocs)
@@ -162,8 +168,8 @@ def live_length(probe) -> Criterion:
         return _probe_error("live_length", probe)
     small, large = probe["small_s"], probe["large_s"]
     ratio = large / small if small > 0 else float("inf")
-    text = (f"decode at 64 live tokens: {large * 1e6:.0f} us in a {probe['reservation_ratio']}x larger "
-            f"reservation vs {small * 1e6:.0f} us ({ratio:.1f}x)")
+    text = (f"decode at {probe.get('live', '?')} live tokens: {large * 1e6:.0f} us in a "
+            f"{probe['reservation_ratio']}x larger reservation vs {small * 1e6:.0f} us ({ratio:.1f}x)")
     if ratio >= SCAN_RATIO:
         return Criterion("live_length", "fail", text + ": attention scans max_len", mistakes=["max_len_scan"])
     return Criterion("live_length", "pass", text)

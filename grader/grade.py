@@ -142,8 +142,9 @@ def _torch_section(results, trials, expected, job_dir) -> tuple[evaluate.Criteri
 
 
 def _error_report(name, options, reason, started) -> dict:
+    reason = reason[:600]  # the child's words: bounded, and said once
     crits = [{"id": cid, "title": spec["title"], "status": "error", "points": 0.0,
-              "max_points": float(spec["points"]), "evidence": reason, "mistakes": []}
+              "max_points": float(spec["points"]), "evidence": "not graded (see error)", "mistakes": []}
              for cid, spec in options.rubric.criteria.items()]
     return {"schema": SCHEMA, "submission": name, "seed": options.seed, "tier": "Weak",
             "tier_reason": f"not graded: {reason}", "score": 0.0, "max_score": options.rubric.max_score,
@@ -164,7 +165,7 @@ def grade(path: str, options: Options | None = None) -> dict:
             return _error_report(name, options, str(exc), started)
         if "kv_cache.py" not in files:
             return _error_report(name, options, "no kv_cache.py in the submission", started)
-        return _grade_dir(name, workdir, files, options, started)
+        return _grade_dir(path, name, workdir, files, options, started)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -182,6 +183,9 @@ class Run:
     level: str
     wrap: object = None
     notes: list = field(default_factory=list)
+    source: dict = field(default_factory=dict)  # the source scan, taken before anything ran
+    path: str = ""  # the submission as given, to lay out afresh for its own tests
+    tests: list = field(default_factory=list)  # its own test files, listed before anything ran
     suspicious: list = field(default_factory=list)  # tools of tampering the sandbox's guard saw in use
 
     @property
@@ -194,14 +198,16 @@ class Run:
         return report
 
 
-def _grade_dir(name, workdir, files, options, started) -> dict:
+def _grade_dir(path, name, workdir, files, options, started) -> dict:
     iso = options.isolation
     run = Run(name, workdir, files, options, started,
               sandbox.Limits(wall_s=options.timeout, cpu_s=int(options.timeout * 2) + 5),
               iso.level if iso else "process (rlimits, -I -S, private directory)", iso.wrap if iso else None)
+    run.source = scan.scan(workdir)  # before anything runs: code can rewrite itself
+    run.path, run.tests = path, owntests.test_files(workdir)
     trials, expected = compare.oracle_outputs(options.seed, options.trials)
     jobs.pack(trials, run.job, probes=PROBES, torch="kv_cache_torch.py" in files,
-              cost_calls=COST_CALLS if "cost.py" in files else [])
+              cost_calls=COST_CALLS if "cost.py" in files else [], probe_seed=options.seed)
     shutil.copy(os.path.join(HERE, "harness.py"), os.path.join(run.job, "harness.py"))
     child = sandbox.run_child([os.path.join(run.job, "harness.py"), run.job, *sandbox.site_dirs()],
                               workdir, run.limits, run.wrap)
@@ -235,7 +241,7 @@ def _evaluate(run: Run, trials, expected, results) -> dict:
     outputs = jobs.read_outputs(run.job, "out.npy", trials, numpy_section.get("records"))
     comparison = compare.compare(trials, numpy_section["records"], outputs, expected)
     criteria = _correctness_criteria(comparison)
-    criteria["preallocated_in_place"] = evaluate.in_place(numpy_section.get("in_place"))
+    criteria["preallocated_in_place"] = evaluate.in_place(numpy_section.get("in_place"), comparison=comparison)
     criteria["no_kv_repeat"] = evaluate.no_repeat(numpy_section.get("repeat"))
     criteria["overflow_atomic"] = evaluate.overflow(numpy_section.get("overflow"))
     criteria["live_length"] = evaluate.live_length(numpy_section.get("scan"))
@@ -243,8 +249,11 @@ def _evaluate(run: Run, trials, expected, results) -> dict:
                                                  expected_costs())
 
     # Tampering: measured evidence from a process that rewired its own meters is void.
-    source = scan.scan(run.workdir)
-    tampered = results.get("tampered") if isinstance(results.get("tampered"), list) else ["unreadable"]
+    source = run.source
+    # A harness that did not finish (killed at the time limit) reports no tamper check: that is
+    # not tampering; its unreported probes are already errors.
+    tampered = results.get("tampered") if isinstance(results.get("tampered"), list) else \
+        (["unreadable"] if results.get("done") else [])
     if tampered or source["tamper"] or run.suspicious:
         why = "; ".join(([f"runtime: {', '.join(map(str, tampered))} replaced"] if tampered else [])
                         + [f"runtime: {s}" for s in run.suspicious[:3]] + source["tamper"][:3])
@@ -258,11 +267,8 @@ def _evaluate(run: Run, trials, expected, results) -> dict:
         if mistake in named:
             named[mistake] += f" (source: {', '.join(places[:3])})"
 
-    test_files = owntests.test_files(run.workdir)
-    # Nine pytest runs (the submission, then each planted mutant): twice the time of one harness run.
-    own_limits = sandbox.Limits(wall_s=2 * run.limits.wall_s, cpu_s=2 * run.limits.cpu_s)
-    own_results, own_child = owntests.run(run.workdir, own_limits, run.wrap) if test_files else (None, None)
-    criteria["own_tests"] = owntests.criterion(own_results, own_child, bool(test_files))
+    own_results, own_child = _own_tests(run) if run.tests else (None, None)
+    criteria["own_tests"] = owntests.criterion(own_results, own_child, bool(run.tests))
 
     port_named = {}
     if "kv_cache_torch.py" in run.files:
@@ -276,6 +282,18 @@ def _evaluate(run: Run, trials, expected, results) -> dict:
         notes += crit.notes
     return build_report(run.name, run.options, criteria, named, port_named, notes, run.level, run.started,
                         diagnose.smallest_failing(comparison))
+
+
+def _own_tests(run: Run):
+    """The candidate's tests, in a fresh copy of the submission (nothing the first child left behind)."""
+    fresh = tempfile.mkdtemp(prefix="kvkit-tests-")
+    try:
+        materialize(run.path, fresh)
+        # Ten pytest runs (the submission, a control, each planted mutant): twice one harness run's time.
+        limits = sandbox.Limits(wall_s=2 * run.limits.wall_s, cpu_s=2 * run.limits.cpu_s)
+        return owntests.run(fresh, limits, run.wrap)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
 
 
 def build_report(name, options, criteria, named, port_named, notes, level, started, smallest) -> dict:

@@ -181,7 +181,9 @@ def _describe(box: Sandbox, facts: dict) -> tuple[str, list[str]]:
         short.append("no Linux namespaces: the kit's files are refused only by the audit guard, "
                      "and the network only by the guard")
         if not facts.get("uid"):
-            short.append("the child runs as root (no uid of its own: RLIMIT_NPROC cannot bound a fork bomb)")
+            short.append("THE CHILD RUNS AS ROOT (uid 0, no uid of its own): only the audit guard and rlimits "
+                         "stand between the submission and this machine, RLIMIT_NPROC cannot bound a fork bomb, "
+                         "and code that steps around the guard (ctypes) can do anything root can")
     if box.drop_uid and not facts.get("uid"):
         short.append("the uid was not dropped")
     return what, short
@@ -224,8 +226,9 @@ def choose(requested: str = "auto") -> Isolation:
         chosen = Isolation(level, box, warning)
         break
     if chosen is None:
+        as_root = "; THE CHILD RUNS AS ROOT" if root else ""
         chosen = Isolation(PROCESS, None, "isolation is weaker than full: no sandbox layer could be started ("
-                           + "; ".join(tried) + ")")
+                           + "; ".join(tried) + ")" + as_root)
     _CHOSEN[requested] = chosen
     return chosen
 

@@ -9,13 +9,60 @@ per step. Nothing the child wrote is executed or unpickled.
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 
 import numpy as np
 
 from grader.trials import Trial
 
 RESULTS_LIMIT = 32 * 2**20  # bytes of results.json the parent will parse
+OUTPUT_LIMIT = 256 * 2**20  # bytes of out.npy the parent will load
+TEXT_LIMIT = 300  # characters of any string the child reports
+
+
+def open_child_file(path: str, limit: int):
+    """Open a file the child wrote, for reading, only if it is what it claims to be.
+
+    Never follows a link (O_NOFOLLOW), never blocks on a FIFO (O_NONBLOCK), and
+    accepts only a regular file with one name (no hard link to a file outside)
+    of at most ``limit`` bytes.
+
+    Raises:
+        ValueError: anything else, naming why.
+        FileNotFoundError: no such file.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise ValueError(f"{os.path.basename(path)}: cannot be opened safely ({exc.strerror})") from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size > limit:
+        os.close(fd)
+        raise ValueError(f"{os.path.basename(path)}: not a plain file of at most {limit} bytes")
+    return os.fdopen(fd, "rb")
+
+
+def clip(value, depth: int = 0):
+    """The child's JSON made safe to keep: strings cut to TEXT_LIMIT, bounded depth, finite numbers.
+
+    Raises:
+        ValueError: nesting deeper than 40 or a non-finite number.
+    """
+    if depth > 40:
+        raise ValueError("results nested too deep")
+    if isinstance(value, str):
+        return value[:TEXT_LIMIT]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("a non-finite number in the results")
+    if isinstance(value, list):
+        return [clip(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {str(k)[:80]: clip(v, depth + 1) for k, v in value.items()}
+    return value
 
 
 def encode(trials: list[Trial], probes=(), torch: bool = False) -> tuple[dict, np.ndarray]:
@@ -51,12 +98,14 @@ def pack(trials: list[Trial], job_dir: str, probes=(), torch: bool = False, **ex
 
 def read_results(job_dir: str) -> dict | None:
     """The child's ``results.json`` as data, or None if missing, oversized or malformed."""
-    path = os.path.join(job_dir, "results.json")
+    return read_json(os.path.join(job_dir, "results.json"))
+
+
+def read_json(path: str) -> dict | None:
+    """A JSON object the child wrote, clipped (see ``clip``), or None if unsafe, missing or malformed."""
     try:
-        if os.path.getsize(path) > RESULTS_LIMIT:
-            return None
-        with open(path) as f:
-            results = json.load(f)
+        with open_child_file(path, RESULTS_LIMIT) as f:
+            results = clip(json.load(f))
     except (OSError, ValueError, RecursionError):
         return None
     return results if isinstance(results, dict) else None
@@ -70,7 +119,11 @@ def read_outputs(job_dir: str, name: str, trials: list[Trial], records) -> list[
             records announce, or the records do not have the trials' structure.
     """
     path = os.path.join(job_dir, name)
-    flat = np.load(path, allow_pickle=False) if os.path.exists(path) else np.zeros(0)
+    try:
+        with open_child_file(path, OUTPUT_LIMIT) as f:
+            flat = np.load(f, allow_pickle=False)
+    except FileNotFoundError:
+        flat = np.zeros(0)
     if flat.dtype != np.float64 or flat.ndim != 1:
         raise ValueError(f"{name}: expected a 1-D float64 array, got {flat.dtype} {flat.shape}")
     if not isinstance(records, list) or len(records) != len(trials):

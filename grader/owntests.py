@@ -13,7 +13,7 @@ import os
 import shutil
 
 from catalogue import mutants
-from grader import sandbox
+from grader import jobs, sandbox
 from grader.evaluate import Criterion
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,12 +42,7 @@ def run(workdir: str, limits: sandbox.Limits, wrap=None) -> tuple[dict | None, s
         os.remove(results_path)
     child = sandbox.run_child([os.path.join(job, "owntests_child.py"), job, *sandbox.site_dirs()],
                               workdir, limits, wrap)
-    try:
-        with open(results_path) as f:
-            results = json.load(f)
-    except (OSError, ValueError):
-        results = None
-    return (results if isinstance(results, dict) else None), child
+    return jobs.read_json(results_path), child
 
 
 def criterion(results: dict | None, child: sandbox.ChildResult | None, files_found: bool) -> Criterion:
@@ -64,6 +59,9 @@ def criterion(results: dict | None, child: sandbox.ChildResult | None, files_fou
         return Criterion("own_tests", "fail", "pytest collected no test from the submission's test files")
     if base != 0:
         return Criterion("own_tests", "fail", f"own tests fail on the submission itself (pytest exit {base})")
+    if code(mutants.CONTROL) != 0:
+        return Criterion("own_tests", "fail", "own tests fail on the submission wrapped with no change in "
+                         "behaviour: they detect the grader's wrapping, not mistakes")
     caught = [v for v in mutants.PLANTED if code(v) == 1]
     missed = [v for v in mutants.PLANTED if code(v) == 0]
     broken = [v for v in mutants.PLANTED if code(v) not in (0, 1)]
@@ -72,7 +70,7 @@ def criterion(results: dict | None, child: sandbox.ChildResult | None, files_fou
         matrix += f"; missed: {', '.join(missed)}"
     if broken:
         matrix += f"; not run: {', '.join(broken)}"
-    if child and child.reason and len(runs) < len(mutants.PLANTED) + 1:
+    if child and child.reason and len(runs) < len(mutants.PLANTED) + 2:
         matrix += f" ({child.reason})"
     status = "pass" if KEY_MUTANT in caught else "fail"
     prefix = "pass on the submission; " if status == "pass" else f"pass on the submission but miss {KEY_MUTANT}; "

@@ -1,6 +1,7 @@
 """A scan of the submission's source: supporting evidence, never a verdict.
 
-It points at lines that explain a measured mistake (``np.repeat`` beside a
+It reads every ``.py`` file of the submission but its tests, before any of it
+runs (code can rewrite itself). It points at lines that explain a measured mistake (``np.repeat`` beside a
 measured repeat) and flags code that reaches for the harness's own tools
 (tracemalloc, builtins, the ``__main__`` module, ``sys.modules``, frames): a
 submission that does so gets its measured evidence marked untrustworthy, so
@@ -24,13 +25,18 @@ TAMPER = (r"tracemalloc|\bbuiltins\b|__builtins__|sys\.modules|import __main__|_
 
 
 def _lines(workdir: str):
-    for name in ("kv_cache.py", "kv_cache_torch.py"):
-        path = os.path.join(workdir, name)
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8", errors="replace") as f:
+    """Every line of the submission's code, its own tests aside (they may well use tracemalloc)."""
+    for root, _, files in os.walk(workdir):
+        if ".kvkit" in root.split(os.sep):
+            continue
+        for name in sorted(files):
+            rel = os.path.relpath(os.path.join(root, name), workdir)
+            if not name.endswith(".py") or name.startswith(("test_", "conftest")) or os.path.islink(os.path.join(root, name)):
+                continue
+            with open(os.path.join(root, name), encoding="utf-8", errors="replace") as f:
                 for number, line in enumerate(f, 1):
                     if not line.lstrip().startswith("#"):
-                        yield name, number, line.rstrip()
+                        yield rel, number, line.rstrip()
 
 
 def scan(workdir: str) -> dict:

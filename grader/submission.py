@@ -11,6 +11,7 @@ import os
 import shutil
 
 MAX_FILE_BYTES = 1 * 2**20
+MAX_NOTEBOOK_BYTES = 16 * 2**20  # parsed in the grader's process: bounded
 MAX_TOTAL_BYTES = 8 * 2**20
 SKIP_DIRS = {".git", "__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".kvkit", "node_modules"}
 
@@ -28,17 +29,24 @@ def notebook_source(path: str) -> str:
     """The code cells of a notebook as one module, shell (``!``) and magic (``%``) lines dropped."""
     import nbformat
 
+    if os.path.islink(path):
+        raise SubmissionError(f"{path}: a symbolic link, not a submitted notebook")
+    if os.path.getsize(path) > MAX_NOTEBOOK_BYTES:
+        raise SubmissionError(f"{path}: a notebook larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB")
     try:
         nb = nbformat.read(path, as_version=4)
-    except Exception as exc:  # nbformat raises several kinds for a broken file
-        raise SubmissionError(f"{path}: not a readable notebook ({type(exc).__name__}: {exc})") from exc
+    except Exception as exc:  # nbformat raises several kinds; their messages quote the file, so not shown
+        raise SubmissionError(f"{path}: not a readable notebook ({type(exc).__name__})") from exc
     cells = []
     for cell in nb.cells:
         if cell.cell_type != "code" or cell.source.lstrip().startswith("%%"):
             continue
         lines = [line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!"))]
         cells.append("\n".join(lines))
-    return "\n\n".join(cells) + "\n"
+    source = "\n\n".join(cells) + "\n"
+    if len(source) > MAX_FILE_BYTES:
+        raise SubmissionError(f"{path}: the notebook's code is larger than {MAX_FILE_BYTES} bytes")
+    return source
 
 
 def materialize(path: str, workdir: str) -> list[str]:
@@ -49,6 +57,8 @@ def materialize(path: str, workdir: str) -> list[str]:
     """
     if not os.path.exists(path):
         raise SubmissionError(f"{path}: no such file or directory")
+    if os.path.islink(path) and os.path.isfile(path):
+        raise SubmissionError(f"{path}: a symbolic link, not a submitted file")
     if os.path.isfile(path):
         if path.endswith(".ipynb"):
             source = notebook_source(path)
@@ -78,7 +88,7 @@ def materialize(path: str, workdir: str) -> list[str]:
             shutil.copyfile(src, os.path.join(workdir, rel))
             written.append(rel)
     if "kv_cache.py" not in written:
-        ipynbs = sorted(n for n in os.listdir(path) if n.endswith(".ipynb"))
+        ipynbs = sorted(n for n in os.listdir(path) if n.endswith(".ipynb") and not os.path.islink(os.path.join(path, n)))
         if ipynbs:
             with open(os.path.join(workdir, "kv_cache.py"), "w", encoding="utf-8") as f:
                 f.write(notebook_source(os.path.join(path, ipynbs[0])))

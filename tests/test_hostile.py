@@ -46,10 +46,14 @@ EXPECT = {
     "not_arrays": ("Weak", r"returned (NoneType|str|dict|object|_Weird)|raised RuntimeError: no array here"),
     "wrong_dtype": ("Weak", r"dtype (complex128|object|bool|<U)"),
     "wrong_shape": ("Weak", r"expected an array of shape"),
+    "plant_links": ("Weak", r"too many files"),
+    "forge_results": ("Weak", r"changing the sandbox's job folder: \S*\.kvkit/(results\.json|out\.npy)"),
+    "guard_log_flood": ("Weak", r"runtime: ctypes\.dlopen"),
     "huge_array": ("Weak", r"returned ndarray of shape \[1048576, 1048576, 1024\]"),
 }
 # measured criteria a case tries to fake: they must not pass
-FAKED = {"tamper_tracemalloc": ["no_kv_repeat"], "tamper_builtins": ["no_kv_repeat"],
+FAKED = {"forge_results": ["no_kv_repeat"], "guard_log_flood": ["preallocated_in_place"],
+         "tamper_tracemalloc": ["no_kv_repeat"], "tamper_builtins": ["no_kv_repeat"],
          "tamper_harness": ["no_kv_repeat"], "tamper_numpy": ["overflow_atomic"]}
 PROCESS_LEVEL = ["read_solutions", "write_outside", "network", "fork_bomb", "tamper_harness"]
 
@@ -231,3 +235,107 @@ def test_guard_refuses_in_a_bare_child(tmp_path):
     assert [line.split(":")[0] for line in lines] == ["refused", "refused", "refused", "refused", "done"], lines
     assert len(child.blocked) == 4 and child.suspicious == ["kit access at probe.py:8"]
     assert not os.path.exists("/tmp/kvkit-guard-escape.txt")
+
+
+def test_sweep_past_its_limit_removes_the_job_folder(tmp_path, monkeypatch):
+    """More entries than the sweep walks: the job folder (a link and a FIFO in it) goes whole."""
+    from grader import sandbox
+
+    monkeypatch.setattr(sandbox, "SWEEP_ENTRY_LIMIT", 50)
+    work = tmp_path / "work"
+    (work / ".kvkit").mkdir(parents=True)
+    for i in range(80):
+        (work / f"pad{i:03d}.txt").write_text("")
+    os.symlink(SENTINEL, work / ".kvkit" / "owntests.json")
+    os.mkfifo(work / ".kvkit" / "results.json")
+    removed, overflow = sandbox._sweep(str(work))
+    assert overflow and not os.path.lexists(work / ".kvkit")
+    job = sandbox.prepare_job_dir(str(work))
+    sandbox.write_parent_file(os.path.join(job, "owntests.json"), b"{}")
+    with open(SENTINEL) as f:
+        assert "must survive" in f.read()
+
+
+def test_parent_file_helpers_never_follow(tmp_path):
+    """write_parent_file replaces a planted link; open_child_file refuses links, FIFOs, hard links, big files."""
+    from grader import sandbox
+
+    job = tmp_path / ".kvkit"
+    job.mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("host file")
+    os.symlink(outside, job / "guard.json")
+    sandbox.write_parent_file(str(job / "guard.json"), b"{}")
+    assert outside.read_text() == "host file" and (job / "guard.json").read_bytes() == b"{}"
+    assert not os.path.islink(job / "guard.json")
+    os.symlink(outside, job / "link.json")
+    os.mkfifo(job / "fifo.json")
+    os.link(outside, job / "hard.json")
+    (job / "big.json").write_bytes(b"x" * 100)
+    for name, why in (("link.json", "symbolic link"), ("fifo.json", "not a regular file"),
+                      ("hard.json", "hard links"), ("big.json", "limit")):
+        with pytest.raises(ValueError, match=why):
+            sandbox.open_child_file(str(job / name), 10)
+    with sandbox.open_child_file(str(job / "guard.json"), 10) as f:
+        assert f.read() == b"{}"
+    with pytest.raises(FileNotFoundError):
+        sandbox.open_child_file(str(job / "missing.json"), 10)
+    os.rename(job, tmp_path / "real")
+    os.symlink(tmp_path / "real", job)  # the job folder itself a link
+    with pytest.raises(ValueError):
+        sandbox.open_child_file(str(job / "guard.json"), 10)
+    with pytest.raises(OSError):
+        sandbox.write_parent_file(str(job / "x.json"), b"{}")
+
+
+def test_guard_log_tampering_is_seen(tmp_path):
+    """A closed log ends the child (97); a flood of refusals never hides a later tool; no closing line is named."""
+    from grader import sandbox
+
+    limits = sandbox.Limits(wall_s=30, cpu_s=30)
+    closer = tmp_path / "closer.py"
+    closer.write_text("import os\n"
+                      "for fd in range(3, 64):\n"
+                      "    try:\n"
+                      "        if os.readlink(f'/proc/self/fd/{fd}').endswith('guard.log'):\n"
+                      "            os.close(fd)\n"
+                      "    except OSError:\n"
+                      "        pass\n"
+                      "import ctypes\n")
+    child = sandbox.run_child([str(closer)], str(tmp_path), limits)
+    assert child.returncode == 97 and "guard's log" in child.reason
+    flood = tmp_path / "flood.py"
+    flood.write_text("for i in range(300):\n"
+                     "    try:\n"
+                     "        open(f'/nonexistent-{i}')\n"
+                     "    except OSError:\n"
+                     "        pass\n"
+                     "import ctypes\n"
+                     "ctypes.CDLL(None)\n")
+    child = sandbox.run_child([str(flood)], str(tmp_path), limits)
+    assert child.ok and child.guard_closed, child.output_tail
+    assert any(s.startswith("ctypes.dlopen") for s in child.suspicious), child.suspicious
+    quits = tmp_path / "quits.py"
+    quits.write_text("import os\nos._exit(0)\n")
+    child = sandbox.run_child([str(quits)], str(tmp_path), limits)
+    assert child.returncode == 0 and not child.guard_closed
+    assert any("closing line" in s for s in child.suspicious), child.suspicious
+
+
+def test_guard_refuses_job_folder_changes_from_the_submission(tmp_path):
+    """A thread of the submission's code cannot write the job folder; the script (not the submission) can."""
+    from grader import sandbox
+
+    script = tmp_path / "probe.py"
+    script.write_text("import os, threading\n"
+                      "def forge():\n"
+                      "    try:\n"
+                      "        open('.kvkit/results.json', 'w')\n"
+                      "        print('forged')\n"
+                      "    except PermissionError:\n"
+                      "        print('refused')\n"
+                      "t = threading.Thread(target=forge)\n"
+                      "t.start(); t.join()\n")
+    child = sandbox.run_child([str(script)], str(tmp_path), sandbox.Limits(wall_s=30, cpu_s=30))
+    assert child.output_tail.split() == ["refused"], child.output_tail
+    assert any("job folder" in b for b in child.blocked)
