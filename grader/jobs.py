@@ -11,39 +11,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 
 import numpy as np
+
+from grader.sandbox import open_child_file
 
 from grader.trials import Trial
 
 RESULTS_LIMIT = 32 * 2**20  # bytes of results.json the parent will parse
 OUTPUT_LIMIT = 256 * 2**20  # bytes of out.npy the parent will load
 TEXT_LIMIT = 300  # characters of any string the child reports
-
-
-def open_child_file(path: str, limit: int):
-    """Open a file the child wrote, for reading, only if it is what it claims to be.
-
-    Never follows a link (O_NOFOLLOW), never blocks on a FIFO (O_NONBLOCK), and
-    accepts only a regular file with one name (no hard link to a file outside)
-    of at most ``limit`` bytes.
-
-    Raises:
-        ValueError: anything else, naming why.
-        FileNotFoundError: no such file.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        raise ValueError(f"{os.path.basename(path)}: cannot be opened safely ({exc.strerror})") from exc
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size > limit:
-        os.close(fd)
-        raise ValueError(f"{os.path.basename(path)}: not a plain file of at most {limit} bytes")
-    return os.fdopen(fd, "rb")
 
 
 def clip(value, depth: int = 0):
