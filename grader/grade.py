@@ -162,9 +162,9 @@ def grade(path: str, options: Options | None = None) -> dict:
         try:
             files = materialize(path, workdir)
         except SubmissionError as exc:
-            return _error_report(name, options, str(exc), started)
+            return dict(_error_report(name, options, str(exc), started), graded=False)
         if "kv_cache.py" not in files:
-            return _error_report(name, options, "no kv_cache.py in the submission", started)
+            return dict(_error_report(name, options, "no kv_cache.py in the submission", started), graded=False)
         return _grade_dir(path, name, workdir, files, options, started)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

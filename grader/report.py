@@ -39,7 +39,7 @@ def print_report(report: dict, console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    tier = report["tier"]
+    tier = report["tier"] if report.get("graded", True) else "NOT GRADED"
     console.rule(f"[bold]{report['submission']}[/]  [{TIER_STYLE.get(tier, 'bold')}]{tier}[/]  "
                  f"{report['score']:g}/{report['max_score']:g}")
     console.print(f"[dim]{report.get('tier_reason', '')} | seed {report['seed']} | {report['duration_s']} s | "

@@ -36,11 +36,12 @@ class Rubric:
         missing_hire = [c for c, spec in self.criteria.items() if spec["tier"] == "Hire" and statuses.get(c) != "pass"]
         if weak:
             return "Weak", f"{'mistakes that make' if len(weak) > 1 else 'a mistake that makes'} the verdict Weak: {', '.join(weak)}"
+        title = lambda ids: "; ".join(self.criteria[c]["title"] for c in ids)
         if missing_hire:
-            return "Weak", f"not Hire: {', '.join(missing_hire)} not passed"
+            return "Weak", f"not Hire: not passed: {title(missing_hire)}"
         missing_strong = [c for c, spec in self.criteria.items()
                           if spec["tier"] == "Strong Hire" and statuses.get(c) != "pass"]
-        tier, reason = ("Hire", f"not Strong Hire: {', '.join(missing_strong)} not passed") if missing_strong \
+        tier, reason = ("Hire", f"not Strong Hire: not passed: {title(missing_strong)}") if missing_strong \
             else ("Strong Hire", "every Hire and Strong Hire criterion passes")
         if port_mistakes and TIERS.index(tier) > TIERS.index(self.port_mistake_cap):
             tier, reason = self.port_mistake_cap, f"capped by the PyTorch port: {', '.join(port_mistakes)}"

@@ -1,14 +1,17 @@
 """Lay a submission out in a fresh sandbox directory: only its own files, in the contract's layout.
 
-A submission is a directory, a single ``.py`` file (taken as ``kv_cache.py``) or
-a ``.ipynb`` notebook (its code cells, shell and magic lines dropped, taken as
-``kv_cache.py``). The notebook is read as JSON by nbformat: nothing in it runs
+A submission is a directory (or a ``.zip`` of one), a single ``.py`` file (taken
+as ``kv_cache.py``) or a ``.ipynb`` notebook (its code cells, shell and magic
+lines dropped, taken as ``kv_cache.py``). The notebook is read as JSON by nbformat: nothing in it runs
 in the grader's process.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import stat
+import tempfile
+import zipfile
 
 MAX_FILE_BYTES = 1 * 2**20
 MAX_NOTEBOOK_BYTES = 16 * 2**20  # parsed in the grader's process: bounded
@@ -59,6 +62,8 @@ def materialize(path: str, workdir: str) -> list[str]:
         raise SubmissionError(f"{path}: no such file or directory")
     if os.path.islink(path) and os.path.isfile(path):
         raise SubmissionError(f"{path}: a symbolic link, not a submitted file")
+    if os.path.isfile(path) and path.endswith(".zip"):
+        return _materialize_zip(path, workdir)
     if os.path.isfile(path):
         if path.endswith(".ipynb"):
             source = notebook_source(path)
@@ -68,7 +73,7 @@ def materialize(path: str, workdir: str) -> list[str]:
             with open(path, encoding="utf-8", errors="replace") as f:
                 source = f.read()
         else:
-            raise SubmissionError(f"{path}: a submission is a directory, a .py file or a .ipynb notebook")
+            raise SubmissionError(f"{path}: a submission is a directory (or a .zip of one), a .py file or a .ipynb notebook")
         with open(os.path.join(workdir, "kv_cache.py"), "w", encoding="utf-8") as f:
             f.write(source)
         return ["kv_cache.py"]
@@ -94,3 +99,39 @@ def materialize(path: str, workdir: str) -> list[str]:
                 f.write(notebook_source(os.path.join(path, ipynbs[0])))
             written.append("kv_cache.py")
     return sorted(written)
+
+
+def _materialize_zip(path: str, workdir: str) -> list[str]:
+    """A zipped directory: its regular files extracted (no links, no absolute or ``..`` paths,
+    bounded sizes) into a scratch folder, then laid out like a directory; a single top
+    folder inside the zip is taken as the submission."""
+    scratch = tempfile.mkdtemp(prefix="kvkit-zip-")
+    try:
+        try:
+            archive = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise SubmissionError(f"{path}: not a readable zip ({type(exc).__name__})") from exc
+        with archive:
+            total = 0
+            for info in archive.infolist():
+                name = info.filename
+                kind = stat.S_IFMT(info.external_attr >> 16)
+                if info.is_dir() or (kind and kind != stat.S_IFREG):
+                    continue  # directories are made as needed; links and devices are never extracted
+                parts = name.replace("\\", "/").split("/")
+                if name.startswith("/") or ".." in parts or any(p in SKIP_DIRS for p in parts):
+                    continue
+                total += info.file_size
+                if info.file_size > MAX_FILE_BYTES or total > MAX_TOTAL_BYTES:
+                    continue
+                target = os.path.join(scratch, *parts)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with archive.open(info) as src, open(target, "wb") as dst:
+                    dst.write(src.read(MAX_FILE_BYTES + 1)[:MAX_FILE_BYTES])
+        root = scratch
+        entries = [e for e in os.listdir(scratch) if not e.startswith((".", "__MACOSX"))]
+        if len(entries) == 1 and os.path.isdir(os.path.join(scratch, entries[0])):
+            root = os.path.join(scratch, entries[0])
+        return materialize(root, workdir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -126,8 +126,9 @@ def print_summary(reports: list[dict], console) -> None:
     table.add_column("score", justify="right")
     table.add_column("mistakes")
     for r in reports:
-        table.add_row(str(r.get("submission")), str(r.get("tier")), f"{r.get('score', 0):g}",
-                      ", ".join(r.get("mistakes", [])) or ("not graded" if r.get("error") else "-"))
+        tier = str(r.get("tier")) if r.get("graded", True) else "not graded"
+        table.add_row(str(r.get("submission")), tier, f"{r.get('score', 0):g}",
+                      ", ".join(r.get("mistakes", [])) or ("error" if r.get("error") else "-"))
     console.print(table)
     counts = tier_counts(reports)
     console.print("  ".join(f"{t}: {counts.get(t, 0)}" for t in TIERS))

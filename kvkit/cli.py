@@ -14,7 +14,7 @@ COMMANDS = {
     "hint": ("kvkit.progress", "hint_main", "the next hint for the current step"),
     "starter": ("kvkit.starter", "main", "build the candidate's take-home bundle"),
     "bench": ("benchmarks.bench", "main", "measure the costs and speeds against the physical limit"),
-    "cost": ("kvkit.cost_table", "print_cost_table", "print the cost table (SPEC section 2)"),
+    "cost": ("kvkit.cost_table", "print_cost_table", "print the cost table: why the cache is allocated once"),
 }
 
 

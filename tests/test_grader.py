@@ -167,6 +167,20 @@ def test_single_file_and_notebook_submissions(tmp_path):
                 nbformat.v4.new_code_cell(open(single).read())]
     notebook = tmp_path / "candidate.ipynb"
     nbformat.write(nb, str(notebook))
-    for path in (single, notebook):
+    import zipfile
+
+    zipped = tmp_path / "candidate.zip"
+    with zipfile.ZipFile(zipped, "w") as archive:
+        archive.write(single, "candidate/kv_cache.py")
+        archive.writestr("../escape.py", "print('never extracted')\n")
+    for path in (single, notebook, zipped):
         report = grade(str(path), Options(seed=2, trials=200))
         assert report["tier"] == "Hire", (path, report["tier_reason"])
+    assert not (tmp_path.parent / "escape.py").exists()
+
+
+def test_unreadable_submission_is_reported_not_graded(tmp_path):
+    odd = tmp_path / "answer.txt"
+    odd.write_text("def f(): pass\n")
+    report = grade(str(odd), Options(seed=2))
+    assert report["graded"] is False and report["score"] == 0 and "a .zip of one" in report["error"]
