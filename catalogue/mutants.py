@@ -59,136 +59,119 @@ PLANTED = ["chunk_local_mask", "off_by_one_mask", "ragged_keys_unmasked", "modul
 CONTROL = "identity"
 
 
-def _windowed(rule, KVCache, gqa_attention):
+def _windowed_attention(rule, KVCache, gqa_attention, q, cache, n_new):
     """An attention that lets each query see ``rule(...)`` keys, built on a correct one."""
-
-    def attention(q, cache, n_new):
-        out = np.array(gqa_attention(q, cache, n_new), dtype=np.asarray(q).dtype)
-        q = np.asarray(q)
-        n_new = np.asarray(n_new, dtype=np.int64)
-        lens = np.asarray(cache.lens, dtype=np.int64)
-        B, Hq, T, d = q.shape
-        kv_heads = cache.k.shape[1]
-        S = int(lens.max()) if B else 0
-        for b in range(B):
-            for t in range(int(n_new[b])):
-                pos = int(lens[b] - n_new[b]) + t
-                c = rule(pos, t, int(lens[b]), int(n_new[b]), T, S)
-                if c is None:
-                    out[b, :, t] = np.nan
-                elif c != pos + 1:
-                    # The query as a decode step over exactly keys 0 .. c-1.
-                    window = KVCache(1, kv_heads, c, d, dtype=cache.k.dtype)
-                    window.append(cache.k[b:b + 1, :, :c], cache.v[b:b + 1, :, :c], np.array([c]))
-                    single = np.zeros((1, Hq, c, d), dtype=q.dtype)
-                    single[0, :, c - 1] = q[b, :, t]
-                    out[b, :, t] = np.asarray(gqa_attention(single, window, np.array([c])))[0, :, c - 1]
-        return out
-
-    return attention
+    out = np.array(gqa_attention(q, cache, n_new), dtype=np.asarray(q).dtype)
+    q = np.asarray(q)
+    n_new = np.asarray(n_new, dtype=np.int64)
+    lens = np.asarray(cache.lens, dtype=np.int64)
+    B, Hq, T, d = q.shape
+    kv_heads = cache.k.shape[1]
+    S = int(lens.max()) if B else 0
+    for b in range(B):
+        for t in range(int(n_new[b])):
+            pos = int(lens[b] - n_new[b]) + t
+            c = rule(pos, t, int(lens[b]), int(n_new[b]), T, S)
+            if c is None:
+                out[b, :, t] = np.nan
+            elif c != pos + 1:
+                # The query as a decode step over exactly keys 0 .. c-1.
+                window = KVCache(1, kv_heads, c, d, dtype=cache.k.dtype)
+                window.append(cache.k[b:b + 1, :, :c], cache.v[b:b + 1, :, :c], np.array([c]))
+                single = np.zeros((1, Hq, c, d), dtype=q.dtype)
+                single[0, :, c - 1] = q[b, :, t]
+                out[b, :, t] = np.asarray(gqa_attention(single, window, np.array([c])))[0, :, c - 1]
+    return out
 
 
-def _modulo_heads(gqa_attention):
+def _modulo_heads(gqa_attention, q, cache, n_new):
     """Query head h reads KV head h % Hkv: permute the heads around a correct h // G."""
-
-    def attention(q, cache, n_new):
-        q = np.asarray(q)
-        Hq, kv_heads = q.shape[1], cache.k.shape[1]
-        G = Hq // kv_heads
-        h = np.arange(Hq)
-        # Head h = a * Hkv + j should read KV head j; slot j * G + a does under h // G.
-        slot = (h % kv_heads) * G + h // kv_heads
-        moved = np.empty_like(q)
-        moved[:, slot] = q
-        return np.asarray(gqa_attention(moved, cache, n_new))[:, slot]
-
-    return attention
+    q = np.asarray(q)
+    Hq, kv_heads = q.shape[1], cache.k.shape[1]
+    G = Hq // kv_heads
+    h = np.arange(Hq)
+    # Head h = a * Hkv + j should read KV head j; slot j * G + a does under h // G.
+    slot = (h % kv_heads) * G + h // kv_heads
+    moved = np.empty_like(q)
+    moved[:, slot] = q
+    return np.asarray(gqa_attention(moved, cache, n_new))[:, slot]
 
 
-def _missing_scale(gqa_attention):
-    def attention(q, cache, n_new):
-        d = np.asarray(q).shape[-1]
-        return gqa_attention(np.asarray(q) * math.sqrt(d), cache, n_new)
-
-    return attention
-
-
-def _nan_padding(gqa_attention):
-    def attention(q, cache, n_new):
-        out = np.array(gqa_attention(q, cache, n_new))
-        T = out.shape[2]
-        padded = np.arange(T)[None, :] >= np.asarray(n_new)[:, None]  # [B, T]
-        out[padded[:, None, :, None].repeat(out.shape[1], 1).repeat(out.shape[3], 3)] = np.nan
-        return out
-
-    return attention
+def _nan_padding(gqa_attention, q, cache, n_new):
+    out = np.array(gqa_attention(q, cache, n_new))
+    T = out.shape[2]
+    padded = np.arange(T)[None, :] >= np.asarray(n_new)[:, None]  # [B, T]
+    out[padded[:, None, :, None].repeat(out.shape[1], 1).repeat(out.shape[3], 3)] = np.nan
+    return out
 
 
-def _concat_growth(KVCache):
-    class ConcatCache(KVCache):
-        """Reallocates and copies the whole buffer on every append."""
-
-        def append(self, k_new, v_new, n_new):
-            super().append(k_new, v_new, n_new)
-            self.k = np.concatenate([self.k[:, :, :0], self.k], axis=2)
-            self.v = np.concatenate([self.v[:, :, :0], self.v], axis=2)
-
-    return ConcatCache
-
-
-def _length_before_write(KVCache):
-    class EagerLengths(KVCache):
-        """Advances each row's length before checking the next row for overflow."""
-
-        def append(self, k_new, v_new, n_new):
-            before = np.array(self.lens, copy=True)
-            try:
-                super().append(k_new, v_new, n_new)
-            except ValueError:
-                end = before + np.asarray(n_new, dtype=np.int64)
-                max_len = self.k.shape[2]
-                for b in range(len(end)):
-                    if end[b] > max_len:
-                        break
-                    self.lens[b] = end[b]
-                raise
-
-    return EagerLengths
-
-
-def _planted(mistake_id: str, KVCache, gqa_attention):
+def attention_as(mistake_id: str, KVCache, gqa_attention, q, cache, n_new):
+    """``gqa_attention(q, cache, n_new)`` as it would be with the mistake ``mistake_id`` (or ``CONTROL``)."""
     if mistake_id in WINDOWS:
-        return KVCache, _windowed(WINDOWS[mistake_id], KVCache, gqa_attention)
+        return _windowed_attention(WINDOWS[mistake_id], KVCache, gqa_attention, q, cache, n_new)
     if mistake_id == "modulo_head_mapping":
-        return KVCache, _modulo_heads(gqa_attention)
+        return _modulo_heads(gqa_attention, q, cache, n_new)
     if mistake_id == "missing_scale":
-        return KVCache, _missing_scale(gqa_attention)
+        return gqa_attention(np.asarray(q) * math.sqrt(np.asarray(q).shape[-1]), cache, n_new)
     if mistake_id == "nan_padding":
-        return KVCache, _nan_padding(gqa_attention)
-    if mistake_id == "concat_growth":
-        return _concat_growth(KVCache), gqa_attention
+        return _nan_padding(gqa_attention, q, cache, n_new)
+    return gqa_attention(q, cache, n_new)
+
+
+def append_as(mistake_id: str, append, cache, k_new, v_new, n_new):
+    """``append(cache, k_new, v_new, n_new)`` (the wrapped class's own) as it would be with the mistake."""
     if mistake_id == "length_before_write":
-        return _length_before_write(KVCache), gqa_attention
-    if mistake_id == CONTROL:
-        return type(KVCache.__name__, (KVCache,), {}), lambda q, cache, n_new: gqa_attention(q, cache, n_new)
-    raise KeyError(f"no planted mutant for mistake {mistake_id!r}; planted: {', '.join(PLANTED)}")
+        # Advances each row's length before checking the next row for overflow.
+        before = np.array(cache.lens, copy=True)
+        try:
+            return append(cache, k_new, v_new, n_new)
+        except ValueError:
+            end = before + np.asarray(n_new, dtype=np.int64)
+            max_len = cache.k.shape[2]
+            for b in range(len(end)):
+                if end[b] > max_len:
+                    break
+                cache.lens[b] = end[b]
+            raise
+    result = append(cache, k_new, v_new, n_new)
+    if mistake_id == "concat_growth":
+        # Reallocates and copies the whole buffer on every append.
+        cache.k = np.concatenate([cache.k[:, :, :0], cache.k], axis=2)
+        cache.v = np.concatenate([cache.v[:, :, :0], cache.v], axis=2)
+    return result
+
+
+# One template for every variant, the control included: the variant is a literal
+# in the code, so neither names, closures nor globals tell a mutant from the
+# control; only its behaviour (or reading ``__code__``) does.
+_TEMPLATE = """
+class KVCache(_Base):
+    def append(self, k_new, v_new, n_new):
+        return _append_as({rule!r}, _Base.append, self, k_new, v_new, n_new)
+
+def gqa_attention(q, cache, n_new):
+    return _attention_as({rule!r}, _Base, _attention, q, cache, n_new)
+"""
 
 
 def plant(mistake_id: str, KVCache, gqa_attention):
     """Return ``(KVCache, gqa_attention)`` that make the mistake ``mistake_id``.
 
     ``mistake_id`` is a catalogue id from ``PLANTED``, a key of ``WINDOWS``, or
-    ``CONTROL`` (no change). The mutants carry the originals' names, modules and
-    docstrings, so only behaviour tells them apart.
+    ``CONTROL`` (no change). Every variant is the same code with the variant as
+    a literal; the mutants carry the originals' names, modules and docstrings,
+    so only behaviour tells them apart.
 
     Raises:
         KeyError: an id with no planted mutant (``kv_repeat``, ``max_len_scan``
             show only in memory and time, never in outputs).
     """
-    cls, fn = _planted(mistake_id, KVCache, gqa_attention)
-    if cls is not KVCache:
-        for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
-            setattr(cls, attr, getattr(KVCache, attr, None))
-    if fn is not gqa_attention:
-        fn = functools.wraps(gqa_attention)(fn)
-    return cls, fn
+    if mistake_id not in PLANTED and mistake_id not in WINDOWS and mistake_id != CONTROL:
+        raise KeyError(f"no planted mutant for mistake {mistake_id!r}; planted: {', '.join(PLANTED)}")
+    namespace = {"_Base": KVCache, "_attention": gqa_attention, "_append_as": append_as,
+                 "_attention_as": attention_as, "__name__": getattr(KVCache, "__module__", "kv_cache")}
+    exec(compile(_TEMPLATE.format(rule=mistake_id), "<kvkit variant>", "exec"), namespace)  # noqa: S102 - our template
+    cls, fn = namespace["KVCache"], namespace["gqa_attention"]
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        setattr(cls, attr, getattr(KVCache, attr, None))
+    return cls, functools.wraps(gqa_attention)(fn)

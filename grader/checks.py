@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grader import compare, evaluate, harness, jobs
-from grader.trials import random_trials, small_cases, targeted_trials
+from grader import compare, criteria, jobs, meters
+from grader.child import tasks as child_tasks
+from grader.suite import random_trials, small_cases, targeted_trials
 
 CORRECTNESS = {
     "decode": ("decode", "decode"),
@@ -46,7 +47,7 @@ def _comparison(module, seed: int, count: int):
     # The padding criterion finds NaN itself; warnings would only add noise (and cost nbgrader points).
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        records, flat = harness.run_trials(module, spec["trials"], data)
+        records, flat = child_tasks.run_trials(module, spec["trials"], data)
     outputs, it = [], iter(flat)
     for trial, steps in zip(trials, records):
         outputs.append([next(it).reshape(s.q.shape) if i < len(steps) and steps[i].get("stored") else None
@@ -76,32 +77,32 @@ def check(name: str, KVCache, gqa_attention, seed: int = 0, count: int = 40) -> 
         raise ValueError(f"name must be one of {', '.join(NAMES)}; got {name!r}")
     module = types.SimpleNamespace(KVCache=KVCache, gqa_attention=gqa_attention)
     if name == "in_place":
-        result = evaluate.in_place(_probe(harness.probe_in_place, module))
+        result = meters.judge_in_place(_probe(meters.probe_in_place, module))
     elif name == "overflow_atomic":
-        result = evaluate.overflow(_probe(harness.probe_overflow, module))
+        result = criteria.overflow(_probe(child_tasks.probe_overflow, module))
     elif name == "no_kv_repeat":
-        result = evaluate.no_repeat(_probe(harness.probe_repeat, module))
+        result = meters.judge_repeat(_probe(meters.probe_repeat, module))
     elif name == "torch_ops":
         import torch
 
-        ops = _probe(lambda m: harness.probe_torch_ops(m, torch), module)
-        named = evaluate.torch_ops(ops) if "error" not in ops else {"error": ops["error"]["message"]}
-        result = evaluate.Criterion("torch_ops", "fail" if named else "pass",
+        ops = _probe(lambda m: meters.probe_torch_ops(m, torch), module)
+        named = meters.judge_torch_ops(ops) if "error" not in ops else {"error": ops["error"]["message"]}
+        result = criteria.Criterion("torch_ops", "fail" if named else "pass",
                                     "; ".join(f"{m}: {why}" for m, why in named.items())
                                     or "append writes in place; attention copies no K/V",
                                     [m for m in named if m != "error"])
     else:
         comparison = _comparison(module, seed, count)
         if name == "head_mapping":
-            result = evaluate.head_mapping(comparison)
+            result = criteria.head_mapping(comparison)
         elif name == "padding":
-            result = evaluate.padding(comparison)
+            result = criteria.padding(comparison)
         elif name == "ragged_rows_unchunked":
             steps = [s for s in comparison.of_kind("ragged") if _without_chunk_after_cache(s)]
-            result = evaluate.correctness(name, steps, "ragged-row (decode or first chunk)")
+            result = criteria.correctness(name, steps, "ragged-row (decode or first chunk)")
         else:
             kind, label = CORRECTNESS[name]
-            result = evaluate.correctness(name, comparison.of_kind(kind), label)
+            result = criteria.correctness(name, comparison.of_kind(kind), label)
     return CheckResult(name, result.status == "pass", result.evidence, result.mistakes)
 
 
@@ -112,7 +113,7 @@ def torch_as_numpy(KVCache, gqa_attention):
     """
     import torch
 
-    facing = harness.numpy_facing(types.SimpleNamespace(KVCache=KVCache, gqa_attention=gqa_attention), torch)
+    facing = child_tasks.numpy_facing(types.SimpleNamespace(KVCache=KVCache, gqa_attention=gqa_attention), torch)
     return facing.KVCache, facing.gqa_attention
 
 

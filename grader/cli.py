@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     except RubricError as exc:
         print(f"kvkit grade: {exc}", file=sys.stderr)
         return 2
-    from grader import isolation
+    from grader.sandbox import isolation
 
     options = Options(seed=args.seed if args.seed is not None else random.SystemRandom().randrange(2**31),
                       timeout=args.timeout, trials=args.trials, rubric=rubric,
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             # Only a finished report of this grader counts as done; anything else is graded again.
             if isinstance(previous, dict) and previous.get("schema") == SCHEMA \
-                    and previous.get("tier") in ("Weak", "Hire", "Strong Hire"):
+                    and previous.get("status") == "graded":
                 done[path] = previous
     todo = [p for p in paths if p not in done]
     reports = dict(done)

@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from grader.oracle import ReferenceHistory
-from grader.trials import Trial, hidden_suite
+from grader.suite import Trial, hidden_suite
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 

@@ -14,9 +14,10 @@ import types
 import numpy as np
 
 from catalogue import mutants
-from grader import harness, jobs
+from grader import jobs
+from grader.child import tasks as child_tasks
 from grader.compare import Comparison
-from grader.trials import Trial
+from grader.suite import Trial
 from solutions import kv_cache as reference
 
 MATCH_TOLERANCE = {"float64": 1e-8, "float32": 1e-4}
@@ -28,7 +29,7 @@ MATCHABLE = {variant: mistake for mistake, variants in mutants.VARIANTS.items()
 def _run_variant(variant: str, trial: Trial) -> list:
     KVCache, attention = mutants.plant(variant, reference.KVCache, reference.gqa_attention)
     spec, data = jobs.encode([trial])
-    records, flat = harness.run_trials(types.SimpleNamespace(KVCache=KVCache, gqa_attention=attention),
+    records, flat = child_tasks.run_trials(types.SimpleNamespace(KVCache=KVCache, gqa_attention=attention),
                                        spec["trials"], data)
     flat = iter(flat)
     return [next(flat).reshape(s.q.shape) if i < len(records[0]) and records[0][i].get("stored") else None

@@ -1,11 +1,12 @@
-"""Grade one submission: sandboxed runs, comparisons in the parent, rubric, report.
+"""Grade one submission: the flow suite -> run -> compare -> criteria -> diagnose -> rubric -> report.
 
-The flow: lay the submission out in a fresh directory; write the hidden trials
-as ``.npy`` + JSON; run the self-contained harness there in a child process
-under limits; read back its answers as data; compare every output with the
-oracle; turn measurements into criteria; run the candidate's own tests against
-the submission and the planted mutants; apply the rubric. The report's keys are
-the stable schema ``kvkit.report/1`` (SPEC section 5).
+Lay the submission out in a fresh directory (refusing files that would shadow
+an installed module); build the hidden suite (``suite``); run it and the probes
+in the sandbox, one session per implementation (``run``); compare every output
+with the oracle in this process (``compare``); decide each criterion from
+those comparisons and from the kernel's measurements (``criteria``); name
+mistakes (``diagnose``); apply the rubric (``rubric``); build the report
+(schema ``kvkit.report/1``, see docs/report.md).
 """
 from __future__ import annotations
 
@@ -18,15 +19,15 @@ import tomllib
 from dataclasses import dataclass, field
 
 from catalogue import mutants as catalogue_mutants
-from grader import compare, diagnose, evaluate, jobs, owntests, sandbox, scan
+from grader import compare, criteria as criteria_mod, diagnose, jobs, owntests, run as run_mod, suite
 from grader import rubric as rubric_mod
-from grader.submission import SubmissionError, materialize, name_of
+from grader.sandbox import launch
+from grader.submission import SubmissionError, materialize, name_of, shadowing
 from solutions import cost as ref_cost
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CATALOGUE = os.path.join(os.path.dirname(HERE), "catalogue")
 SCHEMA = "kvkit.report/1"
-PROBES = ["in_place", "repeat", "overflow", "scan", "errors"]
 # The cost table's inputs (SPEC section 2) plus a second set, so no figure can be typed in.
 COST_CALLS = [
     ["kv_bytes_per_token(32, 8, 128, 2)", "kv_bytes_per_token", [32, 8, 128, 2]],
@@ -73,13 +74,13 @@ def _outputs_by_trial(trials, outputs) -> dict:
 
 def _correctness_criteria(comparison) -> dict:
     c = {
-        "head_mapping": evaluate.head_mapping(comparison),
-        "decode": evaluate.correctness("decode", comparison.of_kind("decode"), "decode"),
-        "full_prefill": evaluate.correctness("full_prefill", comparison.of_kind("full_prefill"), "full prefill"),
-        "chunked_prefill": evaluate.correctness("chunked_prefill", comparison.of_kind("chunked_prefill"),
+        "head_mapping": criteria_mod.head_mapping(comparison),
+        "decode": criteria_mod.correctness("decode", comparison.of_kind("decode"), "decode"),
+        "full_prefill": criteria_mod.correctness("full_prefill", comparison.of_kind("full_prefill"), "full prefill"),
+        "chunked_prefill": criteria_mod.correctness("chunked_prefill", comparison.of_kind("chunked_prefill"),
                                                 "chunked prefill", allow_refusal=True),
-        "ragged_rows": evaluate.correctness("ragged_rows", comparison.of_kind("ragged"), "ragged-row"),
-        "padding": evaluate.padding(comparison),
+        "ragged_rows": criteria_mod.correctness("ragged_rows", comparison.of_kind("ragged"), "ragged-row"),
+        "padding": criteria_mod.padding(comparison),
     }
     return c
 
@@ -105,55 +106,90 @@ def _name_mistakes(criteria: dict, comparison, outputs_by_trial) -> dict:
     return named
 
 
-def _torch_section(results, trials, expected, job_dir) -> tuple[evaluate.Criterion, dict]:
-    """The port's criterion and the mistakes named in it."""
-    section = results.get("torch")
-    if not isinstance(section, dict):
-        return evaluate.Criterion("torch_port", "error", "the port was not run (the child stopped before it)"), {}
-    if section.get("import"):
-        err = section["import"]
-        return evaluate.Criterion("torch_port", "error",
-                                  f"kv_cache_torch.py failed to import: {err.get('type')}: {err.get('message')}"), {}
+def _probe_runs(session, backend: str, plan) -> dict:
+    """``{purpose: [(probe, task, expected), ...]}`` for one session's probes."""
+    runs: dict = {}
+    for probe in plan.probes:
+        task = session.tasks.get(f"{backend}:{probe.name}") if session else None
+        runs.setdefault(probe.purpose, []).append((probe, task, run_mod.expected_probe_output(probe.config)))
+    return runs
+
+
+def _measured_criteria(runs: dict, explain: list) -> dict:
+    """The criteria decided by the kernel's figures (memory, CPU time), each probe's output checked."""
+    scan = {p.name: (p, t, e) for p, t, e in runs.get("scan", [])}
+    grow = runs.get("grow", [])
+    copy_s = run_mod.copy_seconds(grow[0][0].live_bytes) if grow else 0.0
+    return {
+        "preallocated_in_place": criteria_mod.in_place(grow, copy_s, explain=explain),
+        "no_kv_repeat": criteria_mod.no_repeat(runs.get("memory", [])),
+        "live_length": criteria_mod.live_length(scan["scan-small"], scan["scan-large"]),
+    }
+
+
+def _trials_section(session, backend: str, trials, expected):
+    """``(answer, comparison, outputs)`` of a session's trials task, or ``(None, reason, None)``."""
+    task = session.tasks.get(f"{backend}:trials")
+    if task is None or task.answer is None:
+        why = (task.why() if task else "") or session.reason or "the trials did not run"
+        return None, why, None
+    answer = task.answer
+    if answer.get("import"):
+        err = answer["import"]
+        return None, f"failed to import: {err.get('type')}: {err.get('message')}", None
+    if "error" in answer:
+        err = answer["error"]
+        return None, f"the trials raised {err.get('type')}: {err.get('message')}", None
+    outputs = jobs.split_outputs(task.blob, trials, answer.get("records"))
+    return answer, compare.compare(trials, answer["records"], outputs, expected), outputs
+
+
+def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dict, list]:
+    """The port's criterion, the mistakes named in it, and notes."""
+    trials = plan.trials
+    if session is None:
+        return criteria_mod.Criterion("torch_port", "error", "the port was not run"), {}, []
     try:
-        outputs = jobs.read_outputs(job_dir, "out_torch.npy", trials, section.get("records"))
+        answer, comparison, outputs = _trials_section(session, "torch", trials, expected)
     except ValueError as exc:
-        return evaluate.Criterion("torch_port", "error", f"the port's outputs are malformed: {exc}"), {}
-    comparison = compare.compare(trials, section["records"], outputs, expected)
-    criteria = _correctness_criteria(comparison)
-    named = _name_mistakes(criteria, comparison, _outputs_by_trial(trials, outputs))
-    ops = section.get("ops")
-    evidence = []
-    if isinstance(ops, dict) and "error" not in ops:
-        named.update(evaluate.torch_ops(ops))
-        evidence.append(f"ops watched: append {len(ops.get('append_ops', []))}, attention "
-                        f"{len(ops.get('attention_ops', []))}, none copying K/V")
-    else:
-        evidence.append("the op watch did not complete")
-    overflow = evaluate.overflow(section.get("overflow"))
-    named.update({m: overflow.evidence for m in overflow.mistakes})
-    failed = [c.id for c in criteria.values() if c.status != "pass" and c.id != "chunked_prefill"
-              or (c.id == "chunked_prefill" and c.status == "fail")]
-    steps = len(comparison.steps)
+        return criteria_mod.Criterion("torch_port", "error", f"the port's outputs are malformed: {exc}"), {}, []
+    if answer is None:
+        return criteria_mod.Criterion("torch_port", "error", f"kv_cache_torch.py: {comparison}"), {}, []
+    crits = _correctness_criteria(comparison)
+    named = _name_mistakes(crits, comparison, _outputs_by_trial(trials, outputs))
+    measured = _measured_criteria(_probe_runs(session, "torch", plan), [])
+    overflow = criteria_mod.overflow(answer.get("overflow"))
+    notes = [f"port: {n}" for n in overflow.notes]
+    for crit in [*measured.values(), overflow]:
+        named.update({m: crit.evidence for m in crit.mistakes})
+    failed = [c for c in [*crits.values(), *measured.values(), overflow]
+              if c.status == "fail" or (c.status == "error" and c.id != "chunked_prefill")]
     if named or failed:
-        first = next((criteria[c].evidence for c in failed), "")
-        text = f"port mistakes: {', '.join(named) or 'none named'}" + (f"; {first}" if first else "")
-        return evaluate.Criterion("torch_port", "fail", text, sorted(named)), named
-    return evaluate.Criterion("torch_port", "pass", f"{steps} steps match the reference; " + "; ".join(evidence)), {}
+        first = next((f"{c.id}: {c.evidence}" for c in failed), "")
+        text = f"port mistakes: {', '.join(sorted(named)) or 'none named'}" + (f"; {first}" if first else "")
+        return criteria_mod.Criterion("torch_port", "fail", text, sorted(named)), named, notes
+    evidence = (f"{len(comparison.steps)} steps match the reference; "
+                + "; ".join(c.evidence for c in measured.values()))
+    return criteria_mod.Criterion("torch_port", "pass", evidence), {}, notes
 
 
-def _error_report(name, options, reason, started) -> dict:
+def _error_report(name, options, reason, started, status: str = "not_graded") -> dict:
+    """A report with no verdict: ``not_graded`` (fix the hand-back) or ``grader_error`` (the kit failed)."""
     reason = reason[:600]  # the child's words: bounded, and said once
     crits = [{"id": cid, "title": spec["title"], "status": "error", "points": 0.0,
-              "max_points": float(spec["points"]), "evidence": "not graded (see error)", "mistakes": []}
+              "max_points": float(spec["points"]), "evidence": f"{status.replace('_', ' ')} (see error)",
+              "mistakes": []}
              for cid, spec in options.rubric.criteria.items()]
-    return {"schema": SCHEMA, "submission": name, "seed": options.seed, "tier": "Weak",
-            "tier_reason": f"not graded: {reason}", "score": 0.0, "max_score": options.rubric.max_score,
-            "criteria": crits, "mistakes": [], "isolation": "none", "duration_s": round(time.monotonic() - started, 2),
-            "error": reason, "notes": [], "follow_ups": [], "smallest_failing": None}
+    return {"schema": SCHEMA, "submission": name, "seed": options.seed, "status": status, "tier": None,
+            "graded": False, "tier_reason": f"{status.replace('_', ' ')}: {reason}", "score": 0.0,
+            "fix": reason,
+            "max_score": options.rubric.max_score, "criteria": crits, "mistakes": [], "isolation": "none",
+            "duration_s": round(time.monotonic() - started, 2), "error": reason, "notes": [], "follow_ups": [],
+            "smallest_failing": None}
 
 
 def grade(path: str, options: Options | None = None) -> dict:
-    """Grade the submission at ``path`` (directory, .py or .ipynb) and return its report dict."""
+    """Grade the submission at ``path`` (directory, .zip, .py or .ipynb) and return its report dict."""
     options = options or Options()
     started = time.monotonic()
     name = name_of(path)
@@ -162,138 +198,86 @@ def grade(path: str, options: Options | None = None) -> dict:
         try:
             files = materialize(path, workdir)
         except SubmissionError as exc:
-            return dict(_error_report(name, options, str(exc), started), graded=False)
+            return _error_report(name, options, str(exc), started)
         if "kv_cache.py" not in files:
-            return dict(_error_report(name, options, "no kv_cache.py in the submission", started), graded=False)
-        return _grade_dir(path, name, workdir, files, options, started)
+            return _error_report(name, options, "no kv_cache.py in the submission", started)
+        shadows = shadowing(files, run_mod.installed_modules())
+        if shadows:
+            return _error_report(name, options, "; ".join(shadows), started)
+        return _grade_dir(name, workdir, files, options, started)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        launch.remove_tree(workdir)
 
 
-@dataclass
-class Run:
-    """One submission being graded: where it lies, what the child answered, the notes so far."""
-
-    name: str
-    workdir: str
-    files: list
-    options: Options
-    started: float
-    limits: sandbox.Limits
-    level: str
-    wrap: object = None
-    notes: list = field(default_factory=list)
-    source: dict = field(default_factory=dict)  # the source scan, taken before anything ran
-    path: str = ""  # the submission as given, to lay out afresh for its own tests
-    tests: list = field(default_factory=list)  # its own test files, listed before anything ran
-    suspicious: list = field(default_factory=list)  # tools of tampering the sandbox's guard saw in use
-
-    @property
-    def job(self) -> str:
-        return os.path.join(self.workdir, ".kvkit")
-
-    def error(self, reason: str, **extra) -> dict:
-        report = _error_report(self.name, self.options, reason, self.started)
-        report.update(isolation=self.level, **extra)
-        return report
-
-
-def _grade_dir(path, name, workdir, files, options, started) -> dict:
+def _grade_dir(name, workdir, files, options, started) -> dict:
     iso = options.isolation
-    run = Run(name, workdir, files, options, started,
-              sandbox.Limits(wall_s=options.timeout, cpu_s=int(options.timeout * 2) + 5),
-              iso.level if iso else "process (rlimits, -I -S, private directory)", iso.wrap if iso else None)
-    run.source = scan.scan(workdir)  # before anything runs: code can rewrite itself
-    run.path, run.tests = path, owntests.test_files(workdir)
-    trials, expected = compare.oracle_outputs(options.seed, options.trials)
-    jobs.pack(trials, run.job, probes=PROBES, torch="kv_cache_torch.py" in files,
-              cost_calls=COST_CALLS if "cost.py" in files else [], probe_seed=options.seed)
-    shutil.copy(os.path.join(HERE, "harness.py"), os.path.join(run.job, "harness.py"))
-    child = sandbox.run_child([os.path.join(run.job, "harness.py"), run.job, *sandbox.site_dirs()],
-                              workdir, run.limits, run.wrap)
-    results = jobs.read_results(run.job)
-    if child.reason:
-        run.notes.append(f"harness: {child.reason}")
-    run.notes += child.notes  # what the sandbox refused or saw, a flood of output, processes left behind
-    run.suspicious = child.suspicious
-    if results is None or not isinstance(results.get("numpy"), dict):
-        why = child.reason or (f"the child exited with status {child.returncode} before writing any result "
-                               f"(it ended itself, e.g. os._exit, while importing or on its first trial)")
-        return run.error(f"the submission could not be run: {why}", output_tail=child.output_tail[-500:],
-                         notes=run.notes)
-    err = results["numpy"].get("import")
-    if err:
-        return run.error(f"kv_cache.py failed to import: {err.get('type')}: {err.get('message')}", notes=run.notes)
+    level = iso.level if iso else "process (rlimits, -I -S, private directory)"
+    trials = suite.hidden_suite(options.seed, options.trials)
+    plan = run_mod.Plan(trials=trials, probes=run_mod.probes(options.seed),
+                        cost_calls=COST_CALLS if "cost.py" in files else [],
+                        test_files=owntests.test_files(workdir), preimport=run_mod.preimports(workdir, files))
+    limits = launch.Limits(wall_s=options.timeout, cpu_s=int(options.timeout * 2) + 5)
+    def oracle():  # the parent's own work, while the sandbox runs
+        for probe in plan.probes:
+            run_mod.expected_probe_output(probe.config)
+        return compare.oracle_outputs(options.seed, options.trials)
+
+    sessions = run_mod.run_sessions(workdir, plan, limits, iso.wrap if iso else None,
+                                    port="kv_cache_torch.py" in files, meanwhile=oracle)
+    trials, expected = sessions["meanwhile"]
+    plan.trials = trials
+    session = sessions["numpy"]
+    notes = list(session.notes)
+    if session.reason:
+        notes.append(f"sandbox: {session.reason}")
     try:
-        return _evaluate(run, trials, expected, results)
+        answer, comparison, outputs = _trials_section(session, "numpy", trials, expected)
+    except ValueError as exc:
+        return {**_error_report(name, options, f"the child's outputs are malformed ({exc})", started),
+                "isolation": level, "notes": notes}
+    if answer is None:
+        # The candidate's code ran and failed (import error, crash, hang): graded, with the reason.
+        report = _error_report(name, options, f"kv_cache.py: {comparison}", started, status="graded")
+        report.update(tier=options.rubric.lowest_tier(), graded=True, isolation=level, notes=notes,
+                      output_tail=session.output_tail[-500:],
+                      tier_reason=f"nothing could be measured: kv_cache.py: {comparison}"[:600])
+        return report
+    try:
+        return _evaluate(name, options, level, started, plan, sessions, answer, comparison, outputs, files, notes)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, ArithmeticError) as exc:
-        # The child's files are data written by untrusted code: anything malformed ends here.
-        tampered = results.get("tampered") if isinstance(results.get("tampered"), list) else []
-        suspect = f"; tampering suspected: {', '.join(map(str, tampered + run.suspicious))[:300]}" \
-            if tampered or run.suspicious else ""
-        return run.error(f"the child's results are malformed ({type(exc).__name__}: {str(exc)[:200]}){suspect}",
-                         notes=run.notes)
+        # The child's answers are data written by untrusted code: anything malformed ends here.
+        return {**_error_report(name, options, f"the child's answers are malformed ({type(exc).__name__}: "
+                                f"{str(exc)[:200]})", started), "isolation": level, "notes": notes}
 
 
-def _evaluate(run: Run, trials, expected, results) -> dict:
-    """Criteria, mistakes and the report, from the child's answers (``results``) and the oracle's."""
-    numpy_section = results["numpy"]
-    outputs = jobs.read_outputs(run.job, "out.npy", trials, numpy_section.get("records"))
-    comparison = compare.compare(trials, numpy_section["records"], outputs, expected)
+def _evaluate(name, options, level, started, plan, sessions, answer, comparison, outputs, files, notes) -> dict:
+    """Criteria, mistakes and the report, from the sessions' answers and measurements."""
+    trials = plan.trials
+    session = sessions["numpy"]
     criteria = _correctness_criteria(comparison)
-    criteria["preallocated_in_place"] = evaluate.in_place(numpy_section.get("in_place"), comparison=comparison)
-    criteria["no_kv_repeat"] = evaluate.no_repeat(numpy_section.get("repeat"))
-    criteria["overflow_atomic"] = evaluate.overflow(numpy_section.get("overflow"))
-    criteria["live_length"] = evaluate.live_length(numpy_section.get("scan"))
-    criteria["cost_model"] = evaluate.cost_model(results.get("cost") if "cost.py" in run.files else None,
-                                                 expected_costs())
-
-    # Tampering: measured evidence from a process that rewired its own meters is void.
-    source = run.source
-    # A harness that did not finish (killed at the time limit) reports no tamper check: that is
-    # not tampering; its unreported probes are already errors.
-    tampered = results.get("tampered") if isinstance(results.get("tampered"), list) else \
-        (["unreadable"] if results.get("done") else [])
-    if tampered or source["tamper"] or run.suspicious:
-        why = "; ".join(([f"runtime: {', '.join(map(str, tampered))} replaced"] if tampered else [])
-                        + [f"runtime: {s}" for s in run.suspicious[:3]] + source["tamper"][:3])
-        for cid in ("preallocated_in_place", "no_kv_repeat", "live_length", "overflow_atomic"):
-            criteria[cid] = evaluate.Criterion(cid, "error", f"measurement not trusted: the submission touches the "
-                                               f"harness's tools ({why})")
-        run.notes.append(f"tampering suspected: {why}")
-
+    moved = [s for s in comparison.steps if s.buffers_moved]
+    explain = [f"in-process: K/V buffers replaced by new objects in {len({s.trial.name for s in moved})} "
+               "hidden trials"] if moved else []
+    criteria.update(_measured_criteria(_probe_runs(session, "numpy", plan), explain))
+    criteria["overflow_atomic"] = criteria_mod.overflow(answer.get("overflow"))
+    criteria["cost_model"] = criteria_mod.cost_model(answer.get("cost") if "cost.py" in files else None,
+                                                     expected_costs())
     named = _name_mistakes(criteria, comparison, _outputs_by_trial(trials, outputs))
-    for mistake, places in source["hints"].items():
-        if mistake in named:
-            named[mistake] += f" (source: {', '.join(places[:3])})"
-
-    own_results, own_child = _own_tests(run) if run.tests else (None, None)
-    criteria["own_tests"] = owntests.criterion(own_results, own_child, bool(run.tests))
-
+    criteria["own_tests"] = owntests.criterion(session, plan.test_files)
     port_named = {}
-    if "kv_cache_torch.py" in run.files:
-        criteria["torch_port"], port_named = _torch_section(results, trials, expected, run.job)
+    if "kv_cache_torch.py" in files:
+        criteria["torch_port"], port_named, port_notes = _torch_section(sessions.get("torch"), plan,
+                                                                        compare.oracle_outputs(options.seed,
+                                                                                               options.trials)[1])
+        notes += port_notes
     else:
-        criteria["torch_port"] = evaluate.Criterion("torch_port", "not_attempted", "no kv_cache_torch.py")
-
-    notes = run.notes + evaluate.edge_cases(comparison) + evaluate.dtype_notes(comparison)
-    notes += evaluate.input_errors(numpy_section.get("errors"))
+        criteria["torch_port"] = criteria_mod.Criterion("torch_port", "not_attempted", "no kv_cache_torch.py")
+    notes += criteria_mod.edge_cases(comparison) + criteria_mod.dtype_notes(comparison)
+    notes += criteria_mod.input_errors(answer.get("errors"))
     for crit in criteria.values():
         notes += crit.notes
-    return build_report(run.name, run.options, criteria, named, port_named, notes, run.level, run.started,
+    return build_report(name, options, criteria, named, port_named, notes, level, started,
                         diagnose.smallest_failing(comparison))
-
-
-def _own_tests(run: Run):
-    """The candidate's tests, in a fresh copy of the submission (nothing the first child left behind)."""
-    fresh = tempfile.mkdtemp(prefix="kvkit-tests-")
-    try:
-        materialize(run.path, fresh)
-        # Ten pytest runs (the submission, a control, each planted mutant): twice one harness run's time.
-        limits = sandbox.Limits(wall_s=2 * run.limits.wall_s, cpu_s=2 * run.limits.cpu_s)
-        return owntests.run(fresh, limits, run.wrap)
-    finally:
-        shutil.rmtree(fresh, ignore_errors=True)
 
 
 def build_report(name, options, criteria, named, port_named, notes, level, started, smallest) -> dict:
@@ -304,7 +288,7 @@ def build_report(name, options, criteria, named, port_named, notes, level, start
     tier, reason = rubric.tier(statuses, sorted(named), sorted(port_named))
     crit_list, score = [], 0.0
     for cid, spec in rubric.criteria.items():
-        c = criteria.get(cid) or evaluate.Criterion(cid, "error", "not measured")
+        c = criteria.get(cid) or criteria_mod.Criterion(cid, "error", "not measured")
         points = float(spec["points"]) if c.status == "pass" else 0.0
         score += points
         crit_list.append({"id": cid, "title": spec["title"], "status": c.status, "points": points,
@@ -316,7 +300,8 @@ def build_report(name, options, criteria, named, port_named, notes, level, start
     if len(follow_ups) < 3:
         follow_ups += [{"mistake": None, **q} for q in general[: 3 - len(follow_ups)]]
     return {
-        "schema": SCHEMA, "submission": name, "seed": options.seed, "tier": tier, "tier_reason": reason,
+        "schema": SCHEMA, "submission": name, "seed": options.seed, "status": "graded", "graded": True,
+        "tier": tier, "tier_reason": reason,
         "score": round(score, 2), "max_score": rubric.max_score, "criteria": crit_list,
         "mistakes": all_named,
         "mistake_evidence": {m: named.get(m) or port_named.get(m) for m in all_named},

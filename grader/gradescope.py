@@ -212,7 +212,7 @@ def autograde(root: str) -> int:
             results = _failure("No submission found: upload kv_cache.py (with cost.py, kv_cache_torch.py and "
                                "test_*.py if you have them), or a notebook.")
         else:
-            from grader import isolation
+            from grader.sandbox import isolation
             from grader.grade import Options, grade
             from grader.rubric import load as load_rubric
 

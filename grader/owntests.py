@@ -1,22 +1,20 @@
 """Grade the candidate's own tests: do they pass on the submission and catch the planted mutants?
 
-The tests run in the sandbox (``owntests_child.py``), once on the submission and
-once per planted mutant of the catalogue in its place; the parent reads the exit
-codes as data and builds the kill matrix. Strong Hire needs the tests to pass on
-the submission and to catch ``chunk_local_mask``.
+Each variant runs in a process of its own, forked from the sandbox's trusted
+zygote (``grader/child/owntests.py``): the submission as it is (``none``), the
+control (the same wrapper as every mutant, with no change in behaviour) and
+each planted mistake. The parent reads the exit codes as data and builds the
+kill matrix. Strong Hire needs the tests to pass on the submission and on the
+control, inspect nothing, and catch ``chunk_local_mask``.
 """
 from __future__ import annotations
 
 import glob
-import json
 import os
-import shutil
 
 from catalogue import mutants
-from grader import jobs, sandbox
-from grader.evaluate import Criterion
+from grader.criteria import Criterion
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 KEY_MUTANT = "chunk_local_mask"
 
 
@@ -26,42 +24,39 @@ def test_files(workdir: str) -> list[str]:
     return [os.path.relpath(p, workdir) for p in found]
 
 
-def run(workdir: str, limits: sandbox.Limits, wrap=None) -> tuple[dict | None, sandbox.ChildResult | None]:
-    """Run the tests in the sandbox ``workdir``; ``(results, child)``, or ``(None, None)`` without tests."""
-    files = test_files(workdir)
+def _first_failure(run: dict) -> str:
+    failed = run.get("failed") or []
+    return f" (first failure: {str(failed[0])[:200]})" if failed else ""
+
+
+def criterion(session, files: list[str]) -> Criterion:
+    """The ``own_tests`` criterion, with its kill matrix as evidence."""
     if not files:
-        return None, None
-    job = os.path.join(workdir, ".kvkit")
-    os.makedirs(job, exist_ok=True)
-    shutil.copy(os.path.join(HERE, "owntests_child.py"), os.path.join(job, "owntests_child.py"))
-    shutil.copy(mutants.__file__, os.path.join(job, "_kvkit_mutants.py"))
-    with open(os.path.join(job, "owntests.json"), "w") as f:
-        json.dump({"files": files, "variants": mutants.PLANTED}, f)
-    results_path = os.path.join(job, "owntests_results.json")
-    if os.path.exists(results_path):
-        os.remove(results_path)
-    child = sandbox.run_child([os.path.join(job, "owntests_child.py"), job, *sandbox.site_dirs()],
-                              workdir, limits, wrap)
-    return jobs.read_json(results_path), child
-
-
-def criterion(results: dict | None, child: sandbox.ChildResult | None, files_found: bool) -> Criterion:
-    """The ``own_tests`` criterion and its kill matrix as evidence."""
-    if not files_found:
         return Criterion("own_tests", "not_attempted", "no test_*.py in the submission")
-    runs = (results or {}).get("runs") if isinstance(results, dict) else None
-    if not isinstance(runs, dict) or "none" not in runs:
-        why = child.reason if child and child.reason else "the test run did not report"
+    runs = {}
+    for variant in ["none", mutants.CONTROL, *mutants.PLANTED]:
+        task = session.tasks.get(f"own:{variant}") if session else None
+        if task is not None and task.answer is not None:
+            runs[variant] = task.answer
+    if "none" not in runs:
+        task = session.tasks.get("own:none") if session else None
+        why = (task.why() if task else "") or (session.reason if session else "") or "the test run did not report"
         return Criterion("own_tests", "error", f"own tests could not be run: {why}")
-    code = lambda v: (runs.get(v) or {}).get("exit") if isinstance(runs.get(v), dict) else None
+    inspected = sorted({s for r in runs.values() for s in (r.get("inspected") or [])})
+    if inspected:
+        return Criterion("own_tests", "fail", "the tests inspect the implementation instead of calling it: "
+                         + "; ".join(str(s)[:120] for s in inspected[:3]))
+    code = lambda v: runs[v].get("exit") if v in runs else None  # noqa: E731
     base = code("none")
     if base == 5:
         return Criterion("own_tests", "fail", "pytest collected no test from the submission's test files")
     if base != 0:
-        return Criterion("own_tests", "fail", f"own tests fail on the submission itself (pytest exit {base})")
+        return Criterion("own_tests", "fail", f"own tests fail on the submission itself (pytest exit {base})"
+                         + _first_failure(runs["none"]))
     if code(mutants.CONTROL) != 0:
         return Criterion("own_tests", "fail", "own tests fail on the submission wrapped with no change in "
-                         "behaviour: they detect the grader's wrapping, not mistakes")
+                         "behaviour: they detect the grader's wrapping, not mistakes"
+                         + _first_failure(runs.get(mutants.CONTROL, {})))
     caught = [v for v in mutants.PLANTED if code(v) == 1]
     missed = [v for v in mutants.PLANTED if code(v) == 0]
     broken = [v for v in mutants.PLANTED if code(v) not in (0, 1)]
@@ -70,8 +65,6 @@ def criterion(results: dict | None, child: sandbox.ChildResult | None, files_fou
         matrix += f"; missed: {', '.join(missed)}"
     if broken:
         matrix += f"; not run: {', '.join(broken)}"
-    if child and child.reason and len(runs) < len(mutants.PLANTED) + 2:
-        matrix += f" ({child.reason})"
     status = "pass" if KEY_MUTANT in caught else "fail"
     prefix = "pass on the submission; " if status == "pass" else f"pass on the submission but miss {KEY_MUTANT}; "
     return Criterion("own_tests", status, prefix + matrix)

@@ -30,6 +30,10 @@ class Rubric:
     port_mistake_cap: str
     max_score: float
 
+    def lowest_tier(self) -> str:
+        """The tier of a submission that meets nothing (the first of ``TIERS``)."""
+        return TIERS[0]
+
     def tier(self, statuses: dict, numpy_mistakes: list, port_mistakes: list) -> tuple[str, str]:
         """``(tier, reason)`` from criterion statuses and the mistakes named in each section."""
         weak = [m for m in numpy_mistakes if m in self.weak_mistakes]

@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 import zipfile
 
 MAX_FILE_BYTES = 1 * 2**20
+MAX_ZIP_ENTRIES = 2000  # a zip with more entries is refused before any is read
 MAX_NOTEBOOK_BYTES = 16 * 2**20  # parsed in the grader's process: bounded
 MAX_TOTAL_BYTES = 8 * 2**20
 SKIP_DIRS = {".git", "__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".kvkit", "node_modules"}
@@ -21,6 +23,38 @@ SKIP_DIRS = {".git", "__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".kvk
 
 class SubmissionError(ValueError):
     """The path is not a submission the grader can read (missing, wrong kind, too large)."""
+
+
+# The contract's own module names: never a shadow, whatever is installed.
+CONTRACT_MODULES = {"kv_cache", "kv_cache_torch", "cost", "conftest", "tests"}
+
+
+def shadowing(files: list[str], installed: set[str]) -> list[str]:
+    """Messages for the submission's files whose top-level module name is a standard or installed module.
+
+    ``files`` are paths relative to the submission's root; ``installed`` the
+    top-level names to protect (``grader.run.installed_modules``). A file
+    ``numpy.py`` or a folder ``numpy/`` would stand in for NumPy; the grader
+    loads the submission's files by path, after every trusted import, so such
+    a file changes nothing there, but a candidate's code that works only
+    because of it would break anywhere else: the hand-back is refused.
+    """
+    found = {}
+    for rel in files:
+        parts = rel.replace(os.sep, "/").split("/")
+        top = parts[0]
+        if len(parts) == 1:
+            if not top.endswith(".py"):
+                continue
+            top = top[:-3]
+        elif not rel.endswith(".py"):
+            continue
+        top = top.split(".")[0]
+        if top in installed and top not in CONTRACT_MODULES and not top.startswith("test_"):
+            found.setdefault(top, parts[0] if len(parts) == 1 else parts[0] + "/")
+    return [f"{shown} has the name of the installed module '{name}' and would shadow it: rename it "
+            f"(for example to my_{name}{'.py' if shown.endswith('.py') else '/'}) and hand it back"
+            for name, shown in sorted(found.items())]
 
 
 def name_of(path: str) -> str:
@@ -58,10 +92,10 @@ def materialize(path: str, workdir: str) -> list[str]:
     Raises:
         SubmissionError: ``path`` is missing, not .py/.ipynb/a directory, or too large.
     """
+    if os.path.islink(path):
+        raise SubmissionError(f"{path}: a symbolic link; hand in the file or folder itself")
     if not os.path.exists(path):
         raise SubmissionError(f"{path}: no such file or directory")
-    if os.path.islink(path) and os.path.isfile(path):
-        raise SubmissionError(f"{path}: a symbolic link, not a submitted file")
     if os.path.isfile(path) and path.endswith(".zip"):
         return _materialize_zip(path, workdir)
     if os.path.isfile(path):
@@ -101,10 +135,28 @@ def materialize(path: str, workdir: str) -> list[str]:
     return sorted(written)
 
 
+def _zip_entries(path: str) -> int:
+    """The entry count a zip's end-of-central-directory record announces (read before the directory is parsed)."""
+    import struct
+
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - 65536 - 22))
+        tail = f.read()
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(tail):
+        return 0  # not a zip (or a zip64 one): zipfile says so below
+    return struct.unpack_from("<H", tail, at + 10)[0]
+
+
 def _materialize_zip(path: str, workdir: str) -> list[str]:
     """A zipped directory: its regular files extracted (no links, no absolute or ``..`` paths,
     bounded sizes) into a scratch folder, then laid out like a directory; a single top
     folder inside the zip is taken as the submission."""
+    if _zip_entries(path) > MAX_ZIP_ENTRIES:
+        raise SubmissionError(f"{path}: a zip of {_zip_entries(path):,} entries (at most {MAX_ZIP_ENTRIES:,} "
+                              "are read); zip only the submission's folder")
     scratch = tempfile.mkdtemp(prefix="kvkit-zip-")
     try:
         try:
@@ -113,7 +165,11 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
             raise SubmissionError(f"{path}: not a readable zip ({type(exc).__name__})") from exc
         with archive:
             total = 0
-            for info in archive.infolist():
+            infos = archive.infolist()
+            if len(infos) > MAX_ZIP_ENTRIES:
+                raise SubmissionError(f"{path}: a zip of {len(infos):,} entries (at most {MAX_ZIP_ENTRIES:,} "
+                                      "are read); zip only the submission's folder")
+            for info in infos:
                 name = info.filename
                 kind = stat.S_IFMT(info.external_attr >> 16)
                 if info.is_dir() or (kind and kind != stat.S_IFREG):
@@ -134,4 +190,4 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
             root = os.path.join(scratch, entries[0])
         return materialize(root, workdir)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        subprocess.run(["rm", "-rf", "--", scratch], check=False)

@@ -92,6 +92,9 @@ def test_no_hidden_value_is_printed(example_reports):
         assert not long_numbers, (report["submission"], long_numbers[:5])
 
 
+MEASURED = {"live_length", "no_kv_repeat", "preallocated_in_place", "torch_port"}
+
+
 def test_same_seed_same_report_but_timings(tmp_path):
     sub = os.path.join(EXAMPLES, "chunk_local_mask")
     a, b = (grade(sub, Options(seed=5, trials=200)) for _ in range(2))
@@ -100,7 +103,7 @@ def test_same_seed_same_report_but_timings(tmp_path):
         report = json.loads(json.dumps(report))
         report.pop("duration_s")
         for c in report["criteria"]:
-            if c["id"] == "live_length":
+            if c["id"] in MEASURED:  # the kernel's figures move from run to run; the verdicts must not
                 c.pop("evidence")
         return report
 

@@ -60,7 +60,8 @@ def test_bundle_contents(bundle):
         config = json.loads(zf.read("kvkit_autograder.json"))
     for script in ("setup.sh", "run_autograder"):
         assert infos[script].external_attr >> 16 & stat.S_IXUSR, script
-    assert {"pyproject.toml", "grader/grade.py", "grader/harness.py", "grader/guard.py", "grader/isolation.py",
+    assert {"pyproject.toml", "grader/grade.py", "grader/child/zygote.py", "grader/child/tasks.py",
+            "grader/sandbox/isolation.py", "grader/sandbox/launch.py", "grader/sandbox/cgroup.py",
             "solutions/kv_cache.py", "catalogue/mutants.py", "kvkit/cli.py"} <= set(infos)
     assert not any(n.startswith(("tests/", ".git", ".venv", "catalogue/examples/")) or "__pycache__" in n
                    for n in infos)
@@ -98,7 +99,7 @@ def test_run_autograder_survives_a_cheat(tmp_path, bundle):
     results = run_autograder(root)
     assert results["score"] == 0.0 and "pwned" not in json.dumps(results)
     assert "Verdict: Weak" in results["output"]
-    assert "kv_cache.py failed to import" in results["output"]
+    assert "kv_cache.py: failed to import" in results["output"]
 
 
 def test_run_autograder_without_a_submission(tmp_path, bundle):

@@ -10,9 +10,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from grader import evaluate, harness
+from grader import meters
 from grader.oracle import ReferenceHistory
-from grader.trials import random_trials
+from grader.suite import random_trials
 from solutions import kv_cache as ref
 from solutions import kv_cache_torch as port
 
@@ -172,11 +172,11 @@ def test_port_matches_numpy_reference(dtype, tol):
 
 
 def test_port_runs_no_concat_and_no_repeat():
-    ops = harness.probe_torch_ops(port, torch)
+    ops = meters.probe_torch_ops(port, torch)
     names = {op[0] for op in ops["append_ops"] + ops["attention_ops"]}
     assert not names & {"cat", "stack", "repeat_interleave", "repeat"}, names
     assert ops["same_objects"] and ops["same_storage"]
-    assert evaluate.torch_ops(ops) == {}
+    assert meters.judge_torch_ops(ops) == {}
 
 
 def _broadcasting_matmul_attention(q, cache, n_new):
@@ -191,7 +191,7 @@ def _broadcasting_matmul_attention(q, cache, n_new):
 
 def test_op_watch_catches_the_broadcasting_matmul_trap():
     mod = types.SimpleNamespace(KVCache=port.KVCache, gqa_attention=_broadcasting_matmul_attention)
-    named = evaluate.torch_ops(harness.probe_torch_ops(mod, torch))
+    named = meters.judge_torch_ops(meters.probe_torch_ops(mod, torch))
     assert "kv_repeat" in named and "clone" in named["kv_repeat"], named
 
 
@@ -208,6 +208,6 @@ def test_op_watch_catches_repeat_interleave_and_cat():
         v = cache.v[:, :, :S].repeat_interleave(G, dim=1)
         return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1) @ v
 
-    named = evaluate.torch_ops(harness.probe_torch_ops(
+    named = meters.judge_torch_ops(meters.probe_torch_ops(
         types.SimpleNamespace(KVCache=CatCache, gqa_attention=repeat_attention), torch))
     assert set(named) == {"concat_growth", "kv_repeat"}, named

@@ -27,7 +27,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-KIT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KIT_PACKAGES = ("solutions", "grader", "catalogue", "exercises", "kvkit", "benchmarks", "notebooks", "tests")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys/devices/system/cpu")
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -61,17 +61,26 @@ class Sandbox:
             return NOBODY
         return self.uid_base + os.getpid() % UID_SPAN
 
-    def __call__(self, command: list[str], workdir: str, uid: int | None = None) -> list[str]:
+    def __call__(self, command: list[str], workdir: str, uid: int | None = None, job: str | None = None,
+                 tmpfs: dict | None = None, shared: list | None = None) -> list[str]:
+        """The command that runs ``command`` inside the namespaces.
+
+        ``job`` and the ``shared`` folders are bound read-only; with ``tmpfs`` (``{"bytes": N, "inodes": M}``)
+        the working directory is a size-capped tmpfs holding a copy of
+        ``workdir``'s files (cleanup is the unmount when the namespace ends),
+        else ``workdir`` itself is bound writable.
+        """
         if not self.namespaces:
             return command
         uid = uid if uid is not None else NOBODY
-        from grader import sandbox
+        from grader.sandbox import launch
 
         ro = [p for p in SYSTEM_DIRS if os.path.lexists(p)]
         ro += [os.path.realpath(sys.base_prefix), os.path.dirname(os.path.realpath(sys.executable))]
-        ro += [os.path.realpath(p) for p in sandbox.site_dirs()]
+        ro += [os.path.realpath(p) for p in launch.site_dirs()]
+        ro += [os.path.realpath(p) for p in [job] if p]
         cfg = {"uid": uid, "gid": uid, "workdir": os.path.realpath(workdir), "ro": list(dict.fromkeys(ro)),
-               "hide": self.hide}
+               "hide": self.hide, "tmpfs": tmpfs, "shared": [os.path.realpath(p) for p in shared or []]}
         if self.userns:
             cfg.update(userns=True, outer_uid=os.getuid(), outer_gid=os.getgid())
         inner = [os.path.realpath(command[0]), *command[1:]]
@@ -89,10 +98,10 @@ class Isolation:
 
 def kit_dirs() -> list[str]:
     """What the child must not see: the kit's checkout, and its packages wherever they are installed."""
-    from grader import sandbox
+    from grader.sandbox import launch
 
     dirs = [KIT_ROOT]
-    for site in sandbox.site_dirs():
+    for site in launch.site_dirs():
         dirs += [os.path.join(site, name) for name in KIT_PACKAGES if os.path.isdir(os.path.join(site, name))]
     return [os.path.realpath(d) for d in dirs]
 
@@ -129,33 +138,19 @@ try:
     facts["root_writable"] = True
 except OSError:
     facts["root_writable"] = False
-with open("probe.json", "w") as f:
-    json.dump(facts, f)
+os.write(int(sys.argv[2]), json.dumps(facts).encode())
 """
 
 
 def probe(box: Sandbox) -> tuple[dict | None, str]:
     """Run a trivial child through ``box``: ``(facts, "")`` when it ran, ``(None, why)`` when not."""
-    import shutil
-    import tempfile
+    from grader.sandbox import launch
 
-    from grader import sandbox
-
-    workdir = tempfile.mkdtemp(prefix="kvkit-probe-")
-    try:
-        with open(os.path.join(workdir, "probe.py"), "w") as f:
-            f.write(PROBE)
-        child = sandbox.run_child([os.path.join(workdir, "probe.py"), os.path.join(KIT_ROOT, "grader")], workdir,
-                                  sandbox.Limits(wall_s=30, cpu_s=30), box)
-        try:
-            with open(os.path.join(workdir, "probe.json")) as f:
-                facts = json.load(f)
-        except (OSError, ValueError):
-            tail = " ".join(child.output_tail.strip().splitlines()[-2:])[-300:]
-            return None, child.reason or tail or "the probe wrote nothing"
-        return facts, ""
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    facts, child = launch.run_script(PROBE, [os.path.join(KIT_ROOT, "grader")], box)
+    if facts is None:
+        tail = " ".join(child.output_tail.strip().splitlines()[-2:])[-300:]
+        return None, child.reason or tail or "the probe wrote nothing"
+    return facts, ""
 
 
 def _describe(box: Sandbox, facts: dict) -> tuple[str, list[str]]:
@@ -174,16 +169,15 @@ def _describe(box: Sandbox, facts: dict) -> tuple[str, list[str]]:
         who = "no capabilities" if box.userns else "own uid"
         if facts.get("caps") != "0000000000000000":
             short.append(f"the child keeps capabilities ({facts.get('caps')})")
-        what = f"namespaces ({', '.join(parts)}; private root, kit hidden; {who}, no_new_privs, rlimits, audit guard)"
+        what = f"namespaces ({', '.join(parts)}; private root, kit hidden, tmpfs workdir; {who}, no_new_privs, rlimits)"
     else:
         uid = "own uid, " if facts.get("uid") else ""
-        what = f"process ({uid}no_new_privs, rlimits, -I -S, private directory, audit guard)"
-        short.append("no Linux namespaces: the kit's files are refused only by the audit guard, "
-                     "and the network only by the guard")
+        what = f"process ({uid}no_new_privs, rlimits, -I -S, private directory)"
+        short.append("NO ISOLATION: no Linux namespaces, so the submission ran with this user's view of the "
+                     "machine: it could read the kit's files, reach the network and write wherever this user can")
         if not facts.get("uid"):
-            short.append("THE CHILD RUNS AS ROOT (uid 0, no uid of its own): only the audit guard and rlimits "
-                         "stand between the submission and this machine, RLIMIT_NPROC cannot bound a fork bomb, "
-                         "and code that steps around the guard (ctypes) can do anything root can")
+            short.append("THE CHILD RUNS AS ROOT (uid 0, no uid of its own): it can do anything root can, "
+                         "and RLIMIT_NPROC cannot bound a fork bomb")
     if box.drop_uid and not facts.get("uid"):
         short.append("the uid was not dropped")
     return what, short
@@ -295,12 +289,13 @@ def _build_root(k: _Kernel, cfg: dict, root: str) -> None:
     """A private root under ``root``: system dirs and site-packages read-only, the workdir writable."""
     workdir = cfg["workdir"]
     sources = {}
-    for path in [*cfg["ro"], workdir] + [f"/dev/{n}" for n in DEVICES]:
+    for path in [*cfg["ro"], workdir, *cfg.get("shared", [])] + [f"/dev/{n}" for n in DEVICES]:
         if os.path.exists(path) and path not in sources and not os.path.islink(path):
             sources[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
     links = {p: os.readlink(p) for p in cfg["ro"] if os.path.islink(p)}
     k.mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4m")
-    ops = sorted([(p, "ro") for p in cfg["ro"]] + [(p, "hide") for p in cfg["hide"]] + [(workdir, "rw")],
+    ops = sorted([(p, "ro") for p in cfg["ro"]] + [(p, "hide") for p in cfg["hide"]]
+                 + [(workdir, "tmpfs" if cfg.get("tmpfs") else "rw")],
                  key=lambda op: (op[0].rstrip("/").count("/"), op[1] != "hide"))
     hidden = []
     for path, kind in ops:
@@ -309,6 +304,14 @@ def _build_root(k: _Kernel, cfg: dict, root: str) -> None:
             if os.path.isdir(target):
                 k.mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=16k")
                 hidden.append(target)
+            continue
+        if kind == "tmpfs":
+            # The child's only writable place: a size- and inode-capped tmpfs whose pages the
+            # memory cgroup charges; it goes away with the namespace (no cleanup to run).
+            os.makedirs(target, exist_ok=True)
+            k.mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV,
+                    f"mode=0700,size={int(cfg['tmpfs']['bytes'])},nr_inodes={int(cfg['tmpfs']['inodes'])}")
+            _copy_tree(f"/proc/self/fd/{sources[path]}", target, int(cfg["uid"]))
             continue
         if path in links:
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -335,6 +338,11 @@ def _build_root(k: _Kernel, cfg: dict, root: str) -> None:
         os.symlink(target, f"{dev}/{name}")
     os.makedirs(f"{dev}/shm")
     k.mount("tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=64m")
+    for path in cfg.get("shared", []):
+        # The parent's read-only data (probe inputs, often under /dev/shm): bound after /dev is made.
+        if path in sources:
+            os.makedirs(root + path, exist_ok=True)
+            _bind(k, sources[path], root + path, readonly=True)
     os.makedirs(root + "/proc", exist_ok=True)
     try:
         k.mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -346,6 +354,31 @@ def _build_root(k: _Kernel, cfg: dict, root: str) -> None:
     for target in hidden:
         k.mount(None, target, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     k.mount(None, dev, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+
+
+def _copy_tree(source: str, target: str, uid: int) -> None:
+    """Copy the parent's laid-out submission (a shallow tree of regular files) into the tmpfs, owned by ``uid``."""
+    import shutil
+
+    for root, dirs, files in os.walk(source, followlinks=False):
+        rel = os.path.relpath(root, source)
+        dest = target if rel == "." else os.path.join(target, rel)
+        os.makedirs(dest, exist_ok=True)
+        _chown(dest, uid)
+        for name in files:
+            src = os.path.join(root, name)
+            if os.path.islink(src) or not os.path.isfile(src):
+                continue
+            shutil.copyfile(src, os.path.join(dest, name))
+            _chown(os.path.join(dest, name), uid)
+    _chown(target, uid)
+
+
+def _chown(path: str, uid: int) -> None:
+    try:
+        os.chown(path, uid, uid)
+    except OSError:
+        pass  # a user namespace maps one uid only: the child keeps it, nothing to hand over
 
 
 def _init(k: _Kernel, cfg: dict, command: list[str]) -> int:

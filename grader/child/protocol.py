@@ -1,0 +1,69 @@
+"""The one place for every constant that crosses the sandbox boundary.
+
+Both sides import this file: the parent as ``grader.child.protocol``, the child
+by path. Standard library only.
+
+Frames: the zygote talks to the parent over one pipe it alone holds (the task
+processes close it before any submission code runs). Each frame is an 8-byte
+header (JSON length, blob length; unsigned 32-bit, big-endian), then the JSON
+object (UTF-8), then the blob (raw little-endian float64 outputs, or empty).
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+# File names in the job folder (read-only inside the sandbox).
+JOB_SPEC = "job.json"
+JOB_DATA = "data.npy"
+ZYGOTE = "zygote.py"
+CHILD_FILES = ("protocol.py", "zygote.py", "tasks.py", "owntests.py", "mutants.py")
+
+# The zygote gets two descriptors on its command line: it writes frames to the first and
+# reads one byte per task ("g": go) from the second.
+
+# Bounds on what the parent reads: a frame past them ends the session as malformed.
+JSON_LIMIT = 2 * 2**20  # bytes of one frame's JSON
+BLOB_LIMIT = 64 * 2**20  # bytes of one frame's blob (float64 outputs)
+ANSWER_LIMIT = JSON_LIMIT + BLOB_LIMIT + 8  # what the zygote accepts from one task process
+TEXT_LIMIT = 300  # characters kept of any string a task reports
+
+# Exit codes of the zygote (the task processes' own codes are reported per task).
+EXIT_OK = 0
+EXIT_PARENT_GONE = 90  # the parent's pipe closed: nothing to do but stop
+EXIT_BAD_JOB = 91  # the job files could not be read
+
+_HEADER = struct.Struct(">II")
+
+
+def encode(obj: dict, blob: bytes = b"") -> bytes:
+    """One frame: header, JSON, blob."""
+    data = json.dumps(obj, allow_nan=False).encode()
+    return _HEADER.pack(len(data), len(blob)) + data + blob
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def decode(buffer: bytes, json_limit: int = JSON_LIMIT, blob_limit: int = BLOB_LIMIT):
+    """``(obj, blob, rest)`` for the first frame of ``buffer``, or ``(None, b"", buffer)`` when incomplete.
+
+    Raises:
+        ValueError: a header past the limits, or JSON that is not an object.
+    """
+    if len(buffer) < _HEADER.size:
+        return None, b"", buffer
+    n_json, n_blob = _HEADER.unpack_from(buffer)
+    if n_json > json_limit or n_blob > blob_limit:
+        raise ValueError(f"a frame of {n_json} + {n_blob} bytes, over the limits {json_limit} + {blob_limit}")
+    end = _HEADER.size + n_json + n_blob
+    if len(buffer) < end:
+        return None, b"", buffer
+    obj = json.loads(buffer[_HEADER.size:_HEADER.size + n_json])
+    if not isinstance(obj, dict):
+        raise ValueError("a frame whose JSON is not an object")
+    return obj, bytes(buffer[_HEADER.size + n_json:end]), buffer[end:]

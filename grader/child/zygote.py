@@ -1,0 +1,261 @@
+"""The sandbox's first process: trusted imports, then one forked process per task.
+
+Run by path: ``python -I -S -B zygote.py JOBDIR TO_PARENT_FD FROM_PARENT_FD SITEDIR...`` with the working
+directory holding the submission. It never imports or runs a submission file
+itself, so what it reports (each task's exit status and the kernel's ``wait4``
+figures: peak resident memory and CPU time) is the kernel's, not the
+submission's. It is made non-dumpable, so a task process of the same uid can
+neither trace it nor open its file descriptors.
+
+For each task it sends ``{"ev": "ready"}`` and waits for the parent's go (the
+parent resets the sandbox's memory high-water mark in between), forks, reads
+the task's answer from a pipe of its own (bounded, with the task's timeout),
+reaps it, and sends ``{"ev": "done", ...}`` with the answer.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_sibling(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_kvkit_{name}", os.path.join(HERE, f"{name}.py"))
+    sibling = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = sibling
+    spec.loader.exec_module(sibling)
+    return sibling
+
+
+protocol = _load_sibling("protocol")
+
+
+def _rss_kib() -> int:
+    """This process's resident set (VmRSS, KiB) from /proc, or 0 where there is no /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _non_dumpable() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        pass
+
+
+FDS = {"to_parent": -1, "from_parent": -1}  # the channel's descriptors, from the command line
+
+
+def _send(obj: dict, blob: bytes = b"") -> None:
+    protocol.write_all(FDS["to_parent"], protocol.encode(obj, blob))
+
+
+def _wait_go() -> bool:
+    try:
+        data = os.read(FDS["from_parent"], 1)
+    except OSError:
+        data = b""
+    if data == b"g":
+        return True
+    if not data:
+        os._exit(protocol.EXIT_PARENT_GONE)
+    return False
+
+
+def _read_answer(fd: int, pid: int, timeout: float) -> tuple[bytes, str]:
+    """The task's answer bytes and, when it had to be stopped, why."""
+    chunks, size, deadline = [], 0, time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return b"".join(chunks), "timeout"
+        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if not ready:
+            continue
+        data = os.read(fd, 1 << 20)
+        if not data:
+            return b"".join(chunks), ""
+        size += len(data)
+        if size > protocol.ANSWER_LIMIT:
+            return b"", "oversized"
+        chunks.append(data)
+
+
+def _sweep_leftovers(pid: int) -> None:
+    """Kill what a task left running: its process group; in our own PID namespace, every process we may signal."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    if os.getppid() == 1 and os.getuid() != 0:  # PID 1 is the sandbox's init: kill(-1) stays inside
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _fork_task(task: dict, job: dict, tasks):
+    """Fork the task's process; ``(pid, read_fd, rss_kib, started)``."""
+    read, write = os.pipe()
+    rss = _rss_kib()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the task process: nothing of the zygote's channel survives into it
+        try:
+            os.close(read)
+            os.close(FDS["to_parent"])
+            os.close(FDS["from_parent"])
+            os.setpgid(0, 0)
+            tasks.serve(task, job, write)
+        finally:
+            os._exit(0)
+    os.close(write)
+    return pid, read, rss, started
+
+
+def run_task(task: dict, job: dict, tasks) -> None:
+    pid, read, rss, started = _fork_task(task, job, tasks)
+    _finish_task(task, pid, read, rss, started)
+
+
+def run_parallel(group: list, job: dict, tasks, width: int) -> None:
+    """Tasks that need no memory figure (the own tests), ``width`` at a time."""
+    import threading
+
+    pending = list(group)
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                if not pending:
+                    return
+                task = pending.pop(0)
+                pid, read, rss, started = _fork_task(task, job, tasks)
+            _finish_task(task, pid, read, rss, started, lock)
+
+    threads = [threading.Thread(target=worker) for _ in range(max(1, width))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _finish_task(task, pid, read, rss, started, lock=None) -> None:
+    answer, stopped = _read_answer(read, pid, float(task.get("timeout", 60)))
+    if stopped:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    _, status, usage = os.wait4(pid, 0)
+    wall = time.monotonic() - started
+    os.close(read)
+    if lock is None:
+        _sweep_leftovers(pid)
+    else:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    done = {"ev": "done", "task": task["name"], "stopped": stopped, "wall_s": wall,
+            "exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            "rss_before_kib": rss, "maxrss_kib": int(usage.ru_maxrss),
+            "cpu_s": float(usage.ru_utime + usage.ru_stime)}
+    try:
+        obj, blob, rest = protocol.decode(answer)
+        if obj is None or rest:
+            raise ValueError("an incomplete answer" if obj is None else "bytes after the answer")
+        done["answer"] = obj
+    except ValueError as exc:
+        done["answer_error"] = str(exc)[:protocol.TEXT_LIMIT] if answer else "no answer"
+        blob = b""
+    if lock is None:
+        _send(done, blob)
+    else:
+        with lock:
+            _send(done, blob)
+
+
+def _warm_pytest(job_dir: str) -> None:
+    """Load pytest's plugins once, here, on a path that holds no test: each own-tests process
+    forked afterwards starts warm (about a second saved per variant)."""
+    import io
+
+    saved = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = io.StringIO()
+    try:
+        sys.modules["pytest"].main(["-q", "-p", "no:cacheprovider", "--co", "--rootdir", job_dir,
+                                    os.path.join(job_dir, "no-tests-here.py")])
+    except BaseException:  # noqa: BLE001 - a cold start is slower, not wrong
+        pass
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def main(argv: list) -> int:
+    import json
+
+    job_dir = os.path.abspath(argv[0])
+    FDS["to_parent"], FDS["from_parent"] = int(argv[1]), int(argv[2])
+    sys.path[:0] = list(argv[3:])  # site-packages only: the submission is not on the path here
+    try:
+        with open(os.path.join(job_dir, protocol.JOB_SPEC)) as f:
+            job = json.load(f)
+    except (OSError, ValueError):
+        os._exit(protocol.EXIT_BAD_JOB)
+    # Trusted code first: everything the tasks need, and every installed module the
+    # submission names, is imported before any submission file can shadow it.
+    for name in ["numpy"] + list(job.get("preimport", [])):
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - an installed module that fails to import is the tasks' problem
+            pass
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        torch.set_num_threads(1)
+        # Warm torch's lazy first-use costs here, once, so no task's memory figure carries them.
+        (torch.ones(4, 4) @ torch.ones(4, 4)).softmax(-1).sum().item()
+    import numpy
+
+    (numpy.ones((4, 4)) @ numpy.ones((4, 4))).sum()
+    if "pytest" in sys.modules:
+        _warm_pytest(job_dir)
+    tasks = _load_sibling("tasks")
+    if any(t.get("kind") == "owntests" for t in job["tasks"]):
+        _load_sibling("owntests")
+    tasks.prepare(job_dir, job)
+    _non_dumpable()
+    serial = [t for t in job["tasks"] if not t.get("parallel")]
+    parallel = [t for t in job["tasks"] if t.get("parallel")]
+    for task in serial:
+        _send({"ev": "ready", "task": task["name"]})
+        if not _wait_go():
+            break
+        run_task(task, job, tasks)
+    else:
+        if parallel:
+            _send({"ev": "ready", "task": "parallel"})
+            if _wait_go():
+                run_parallel(parallel, job, tasks, int(job.get("width", 2)))
+    _send({"ev": "end"})
+    os._exit(protocol.EXIT_OK)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,308 @@
+"""From measurements to criteria: each rubric criterion's status, evidence and mistakes.
+
+Every function here reads data the parent already holds (step verdicts from
+``compare``, probe measurements the child reported) and decides one criterion.
+Nothing is guessed from source. Thresholds, with their reasons:
+
+* ``concat_growth``: 300 one-token appends after a prefill add 0.5x the live
+  K/V or more to the peak of the prefill alone (a copy holds old and new), or
+  CPU time worth 50 copies of the cache (in place: next to nothing of either).
+* ``kv_repeat``: a decode step's process peaks at 1 + max(1.5, 0.4 G) times
+  the live K/V or more (a repeat of K alone adds G/2, of K and V G; an honest
+  upcast or contiguous copy of K and V adds at most about 1).
+* ``max_len_scan``: the same decode steps take at least 2x the CPU time in an
+  8x larger reservation (a scan of it is 4x to 8x; honest code 0.9x to 1.3x).
+
+Memory and CPU figures are the kernel's, taken from outside the submission's
+process (``grader.sandbox.launch``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from grader.compare import Comparison, StepVerdict, first_failure
+
+REPEAT_FACTOR = 0.4  # of G x the live K/V: the extra peak that names a repeat
+REPEAT_MIN_EXTRA = 1.5  # ... and never below 1.5x the live K/V (an honest copy adds about 1x)
+GROWTH_FRACTION = 0.5  # extra peak of the appends, in live K/V, that names growth by copying
+GROWTH_COPIES = 50.0  # CPU time of the 300 appends, in copies of the live K/V, that names it too (one in six)
+SCAN_RATIO = 2.0
+PROBE_TOLERANCE = 1e-4  # float32 probe outputs against the float64 computation
+
+
+@dataclass
+class Criterion:
+    """One rubric line: ``status`` is pass, fail, not_attempted or error."""
+
+    id: str
+    status: str
+    evidence: str
+    mistakes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _where(step: StepVerdict) -> str:
+    """A failing step's configuration, in words, with no hidden value."""
+    return f"step {step.index + 1} of trial '{step.trial.name}' ({step.trial.describe()})"
+
+
+def _refused(step: StepVerdict) -> bool:
+    return step.status == "raised" and bool(step.error and step.error.get("value_error")) \
+        or (step.status == "raised" and (step.error or {}).get("type") == "NotImplementedError")
+
+
+def correctness(cid: str, steps: list[StepVerdict], what: str, allow_refusal: bool = False) -> Criterion:
+    """pass when every step in ``steps`` matches the oracle on its real query slots.
+
+    Steps never run (an earlier append of their trial failed) are no evidence
+    either way and are left out; the failed append is itself a failing step.
+    """
+    steps = [s for s in steps if s.status != "not_run"]
+    if not steps:
+        return Criterion(cid, "error", f"no {what} step was run")
+    bad = first_failure(steps)
+    if bad is None:
+        worst = max(s.max_error for s in steps)
+        return Criterion(cid, "pass", f"{len(steps)} {what} steps match the direct reference (max error {worst:.1e})")
+    failing = [s for s in steps if s.status != "ok"]
+    if allow_refusal and all(_refused(s) for s in failing):
+        return Criterion(cid, "not_attempted",
+                         f"{what} refused with a clear error ({bad.error.get('type')}: {bad.error.get('message')})")
+    how = {"wrong": f"wrong output (max error {bad.max_error:.1e})", "raised": bad.detail,
+           "bad_output": bad.detail, "not_run": bad.detail}[bad.status]
+    return Criterion(cid, "fail", f"{len(failing)} of {len(steps)} {what} steps fail; first: {_where(bad)}: {how}")
+
+
+def head_mapping(comparison: Comparison) -> Criterion:
+    """Single-token rows in real checkpoint layouts: the output of head h is v of the head it reads."""
+    result = correctness("head_mapping", comparison.in_trials("head-map-"), "single-token head-layout")
+    if result.status == "pass":
+        result.evidence = ("one-token rows in layouts Hq/Hkv = 32/8, 48/2, 64/8, 16/4, 8/2, 4/1, 4/4: "
+                           "query head h returns v of KV head h // G")
+    return result
+
+
+def padding(comparison: Comparison) -> Criterion:
+    """Padded slots and zero-token rows: finite required, exactly 0 asked for."""
+    padded = [s for s in comparison.steps if s.padding != "none"]
+    if not padded:
+        return Criterion("padding", "error", "no step with padded slots returned an output")
+    nonfinite = [s for s in padded if s.padding == "nonfinite"]
+    if nonfinite:
+        return Criterion("padding", "fail", f"{len(nonfinite)} of {len(padded)} steps with padded slots or "
+                         f"zero-token rows return NaN or inf there; first: {_where(nonfinite[0])}",
+                         mistakes=["nan_padding"])
+    result = Criterion("padding", "pass", f"{len(padded)} steps with padded slots or zero-token rows: all finite")
+    finite = [s for s in padded if s.padding == "finite"]
+    if finite:
+        result.notes.append(f"padded slots are finite but not exactly 0 in {len(finite)} steps "
+                            f"(the contract asks for 0)")
+    else:
+        result.evidence += " and exactly 0"
+    return result
+
+
+def edge_cases(comparison: Comparison) -> list[str]:
+    """Notes on B = 0, the all-empty cache and T = 0 (zeros of shape [B, Hq, T, d])."""
+    notes = []
+    for prefix, label in (("empty-batch", "B = 0"), ("all-empty-cache", "an all-empty cache"), ("no-slots", "T = 0")):
+        bad = first_failure([s for s in comparison.in_trials(prefix) if s.kind == "edge"])
+        if bad is not None:
+            notes.append(f"{label}: {bad.detail or 'wrong output'}")
+    return notes
+
+
+def dtype_notes(comparison: Comparison) -> list[str]:
+    wrong = [s for s in comparison.steps if s.status in ("ok", "wrong") and not s.dtype_ok]
+    return [f"output dtype differs from q's in {len(wrong)} steps (the contract: q's dtype)"] if wrong else []
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def probe_failure(task, config: dict, expected) -> str:
+    """Why a probe task gives no figure to decide on ("" when it ran and its output is right)."""
+    if task is None:
+        return "the probe did not run (the session ended before it)"
+    why = task.why()
+    if why:
+        return why
+    answer = task.answer or {}
+    if "error" in answer:
+        err = answer["error"] if isinstance(answer["error"], dict) else {}
+        return f"raised {err.get('type')}: {err.get('message')}"
+    got = np.frombuffer(task.blob, dtype="<f8") if len(task.blob) % 8 == 0 else np.zeros(0)
+    want = np.asarray(expected).ravel()
+    if got.size != want.size:
+        return f"returned {got.size} values for an output of {want.size}"
+    err = float(np.max(np.abs(got - want))) if want.size else 0.0
+    if not np.isfinite(err) or err > PROBE_TOLERANCE:
+        return f"its output at this size does not match the reference (max error {err:.1e})"
+    return ""
+
+
+def _held(probe, task) -> int:
+    """The memory the submission held at its peak: a peak-RSS figure also counts the mapped prefill inputs."""
+    return task.memory_bytes - (probe.input_bytes if task.memory_source == "rss" else 0)
+
+
+def _layout(config: dict) -> str:
+    return f"Hq/Hkv = {config['Hkv'] * config['G']}/{config['Hkv']}"
+
+
+def no_repeat(runs: list, section: str = "") -> Criterion:
+    """Decode at real checkpoint layouts: the kernel's peak memory of the process against the live K/V.
+
+    ``runs`` holds ``(probe, task, expected)`` per layout (``grader.run.Probe``,
+    ``launch.TaskResult``, the output the parent computed). The process's peak
+    counts its cache (about 1x the live K/V); a K/V repeat adds G/2 to G times
+    more, wherever it is written (NumPy, torch, mmap, shared memory).
+    """
+    cid = "no_kv_repeat"
+    if not runs:
+        return Criterion(cid, "error", "no memory probe was planned")
+    figures, worst = [], None
+    for probe, task, expected in runs:
+        why = probe_failure(task, probe.config, expected)
+        if why:
+            return Criterion(cid, "error", f"the memory probe at {_layout(probe.config)} {why}")
+        G = probe.config["G"]
+        ratio = _held(probe, task) / probe.live_bytes
+        limit = 1 + max(REPEAT_MIN_EXTRA, REPEAT_FACTOR * G)
+        figures.append(f"{_layout(probe.config)}: peak {ratio:.1f}x the live K/V ({_mib(probe.live_bytes)})")
+        if ratio >= limit and (worst is None or ratio - limit > worst[0]):
+            worst = (ratio - limit, probe, ratio, G)
+    source = runs[0][1].memory_source
+    meter = "the sandbox's cgroup" if source == "cgroup" else "the process's peak RSS (wait4)"
+    if worst:
+        _, probe, ratio, G = worst
+        return Criterion(cid, "fail", f"decode at {_layout(probe.config)} peaks at {ratio:.1f}x the live K/V "
+                         f"({meter}); a cache read in place stays near 1x, a repeat adds {G}x: K/V materialised "
+                         f"per query head. All layouts: " + "; ".join(figures), mistakes=["kv_repeat"])
+    return Criterion(cid, "pass", "decode measured by " + meter + ": " + "; ".join(figures)
+                     + " (a repeat would add G times)")
+
+
+def in_place(runs: list, copy_s: float, explain: list | None = None) -> Criterion:
+    """One-token appends at a large live length, against the same prefill alone: the kernel's figures.
+
+    ``runs`` is ``[(probe, task, expected)]`` for the probe with appends and
+    the one without (``grader.run.probes``); ``copy_s`` the seconds this
+    machine takes to copy the live K/V once, measured in the same run. Writing
+    in place adds next to nothing; growing by concatenation or by
+    reallocate-and-copy holds the old and the new buffer at once (memory) and
+    copies the cache again and again (CPU). ``explain`` adds what in-process
+    meters saw (buffer identity), as explanation only.
+    """
+    cid = "preallocated_in_place"
+    by_name = {p.config["appends"] > 0: (p, t, e) for p, t, e in runs}
+    if True not in by_name or False not in by_name:
+        return Criterion(cid, "error", "the growth probes were not planned")
+    for probe, task, expected in by_name.values():
+        why = probe_failure(task, probe.config, expected)
+        if why:
+            return Criterion(cid, "error", f"the growth probe {why}")
+    (probe, task, _), (_, base, _) = by_name[True], by_name[False]
+    live = probe.live_bytes
+    memory = (task.memory_bytes - base.memory_bytes) / live
+    copies = max(task.cpu_s - base.cpu_s, 0.0) / copy_s if copy_s > 0 else 0.0
+    text = (f"{probe.config['appends']} one-token appends after a prefill of {probe.config['live']:,} tokens at "
+            f"{_layout(probe.config)} ({_mib(live)} live): {memory:+.2f}x the live K/V in peak memory and "
+            f"{max(task.cpu_s - base.cpu_s, 0) * 1e3:.0f} ms CPU (about {copies:.0f} copies of the cache) "
+            f"beyond the prefill alone")
+    if memory >= GROWTH_FRACTION or copies >= GROWTH_COPIES:
+        extra = "; ".join(explain or [])
+        return Criterion(cid, "fail", text + ": the cache is copied as it grows"
+                         + (f"; {extra}" if extra else ""), mistakes=["concat_growth"])
+    return Criterion(cid, "pass", text)
+
+
+def overflow(probe) -> Criterion:
+    """Appends past ``max_len``: a clear error, with ``lens`` and every row's live tokens unchanged.
+
+    Bytes past a row's length are not the cache's state: writing them before
+    raising is a note, never a failure. Moving ``lens`` is ``length_before_write``.
+    """
+    if not isinstance(probe, list) or not probe or not all(isinstance(o, dict) for o in probe):
+        return _probe_error("overflow_atomic", probe)
+    notes = []
+    for o in probe:
+        raised = o.get("raised")
+        case = f"rows holding {o.get('lens_before')} of max_len 8, n_new={o.get('n_new')}"
+        if o.get("lens_after") != o.get("lens_before"):
+            return Criterion("overflow_atomic", "fail", f"failed append changed lens from {o.get('lens_before')} "
+                             f"to {o.get('lens_after')} ({case})", mistakes=["length_before_write"])
+        if not raised:
+            return Criterion("overflow_atomic", "fail", f"an append past max_len raised nothing ({case})")
+        if not raised.get("value_error"):
+            return Criterion("overflow_atomic", "fail", f"overflow raised {raised.get('type')}, not ValueError ({case})")
+        if o.get("live_changed"):
+            return Criterion("overflow_atomic", "fail", f"failed append changed tokens a row already held ({case})")
+        if o.get("past_lens_written") and not notes:
+            notes.append(f"a failed append wrote rows past their length before raising ({case}); "
+                         "lens and live tokens were unchanged, so the cache's state is intact")
+    return Criterion("overflow_atomic", "pass", "an append that overflows one row raises ValueError "
+                     "and leaves lens and every row's live tokens unchanged (first and last row tried)", notes=notes)
+
+
+def live_length(small, large) -> Criterion:
+    """The same decode steps in a reservation of the live length and in one ``SCAN["ratio"]`` times larger.
+
+    ``small`` and ``large`` are ``(probe, task, expected)``; the figure is the
+    kernel's CPU time of each process (same imports, same tokens, same steps).
+    """
+    cid = "live_length"
+    for label, (probe, task, expected) in (("small", small), ("large", large)):
+        why = probe_failure(task, probe.config, expected)
+        if why:
+            return Criterion(cid, "error", f"the live-length probe ({label} reservation) {why}")
+    (p_small, t_small, _), (p_large, t_large, _) = small, large
+    factor = p_large.config["max_len"] // max(p_small.config["max_len"], 1)
+    ratio = t_large.cpu_s / t_small.cpu_s if t_small.cpu_s > 0 else float("inf")
+    text = (f"{p_small.config['decodes']} decode steps at {p_small.config['live']:,} live tokens: "
+            f"{t_large.cpu_s * 1e3:.0f} ms CPU in a {factor}x larger reservation vs {t_small.cpu_s * 1e3:.0f} ms "
+            f"({ratio:.1f}x)")
+    if ratio >= SCAN_RATIO:
+        return Criterion(cid, "fail", text + ": attention scans max_len", mistakes=["max_len_scan"])
+    return Criterion(cid, "pass", text)
+
+
+def cost_model(probe, expected: dict) -> Criterion:
+    """``probe`` maps each call label to what the submission's cost.py returned."""
+    if probe is None:
+        return Criterion("cost_model", "not_attempted", "no cost.py")
+    if not isinstance(probe, dict) or "error" in probe:
+        return _probe_error("cost_model", probe)
+    wrong = []
+    for label, want in expected.items():
+        got = probe.get(label)
+        ok = isinstance(got, (int, float)) and abs(got - want) <= 1e-9 * max(1.0, abs(want))
+        if not ok:
+            wrong.append(f"{label} gave {got!r}, expected {want!r}")
+    if wrong:
+        return Criterion("cost_model", "fail", f"{len(wrong)} of {len(expected)} figures wrong; first: {wrong[0]}")
+    return Criterion("cost_model", "pass", f"all {len(expected)} figures of the cost table reproduced")
+
+
+def input_errors(probe) -> list[str]:
+    """Notes for bad inputs that raise nothing, or something other than ValueError/TypeError."""
+    if not isinstance(probe, dict) or "error" in probe:
+        return []
+    notes = []
+    for case, outcome in probe.items():
+        raised = outcome.get("raised") if isinstance(outcome, dict) else None
+        if not raised:
+            notes.append(f"bad input '{case}' raised nothing")
+        elif not raised.get("value_error"):
+            notes.append(f"bad input '{case}' raised {raised.get('type')}, not ValueError/TypeError")
+    return notes
+
+
+def _probe_error(cid: str, probe) -> Criterion:
+    if isinstance(probe, dict) and "error" in probe:
+        err = probe["error"]
+        return Criterion(cid, "error", f"the check raised {err.get('type')}: {err.get('message')}")
+    return Criterion(cid, "error", "the check did not report (the child died or was stopped before it)")

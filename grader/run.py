@@ -1,0 +1,302 @@
+"""Run a laid-out submission in the sandbox: one session per implementation, measured from outside.
+
+The NumPy session runs the hidden trials, then the probes at realistic sizes
+(each a process of its own, forked from the trusted zygote), then the
+candidate's own tests, one process per variant. The port's session runs the
+same trials and probes with torch tensors. Every figure a criterion decides on
+comes from the kernel or the parent (``grader.sandbox.launch``); each probe
+also returns its last decode output, which the parent checks.
+
+Probe sizes (float32, d = 128 as in released checkpoints):
+
+* memory: decode at Hq/Hkv = 64/8 (Llama 3 70B), 16/2 and MQA 8/1 (G = 8
+  each), each with about 64 MiB of live K/V (8,192 tokens at 64/8);
+* growth: 300 one-token appends after a prefill of 32,768 tokens at 8/2 (64
+  MiB live), so a capacity grown in steps of up to 256 tokens reallocates at
+  least once, against the same prefill alone;
+* live length: 48 decode steps at 8,192 live tokens (8/2, d = 64) in a
+  reservation of the live length and in one 8 times larger.
+Lengths move a few percent with the seed.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.metadata
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from catalogue import mutants
+from grader import jobs
+from grader.sandbox import launch
+from grader.suite import Trial
+
+MIB = 2**20
+MEMORY_LAYOUTS = [(64, 8), (16, 2), (8, 1)]  # (Hq, Hkv): G = 8 in each, so a repeat stands far above a copy
+MEMORY_LIVE_BYTES = 64 * MIB
+GROW = {"Hq": 8, "Hkv": 2, "d": 128, "live_bytes": 64 * MIB, "appends": 300}
+SCAN = {"Hq": 8, "Hkv": 2, "d": 64, "live_bytes": 8 * MIB, "decodes": 48, "ratio": 8}
+PROBE_D = 128
+OWN_VARIANTS = ["none", mutants.CONTROL] + list(mutants.PLANTED)
+
+
+@dataclass
+class Probe:
+    """One probe task: its configuration (what the child gets) and what the parent expects of it."""
+
+    name: str
+    purpose: str  # "memory", "grow", "scan"
+    config: dict
+    live_bytes: int  # the K/V bytes the cache holds at the end
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of the mapped prefill inputs (counted by a peak-RSS figure, not by the cgroup's)."""
+        c = self.config
+        return 2 * c["Hkv"] * c["live"] * c["d"] * 4
+
+
+@dataclass
+class Plan:
+    """Everything one submission's sessions will run."""
+
+    trials: list
+    probes: list = field(default_factory=list)
+    cost_calls: list = field(default_factory=list)
+    test_files: list = field(default_factory=list)
+    preimport: dict = field(default_factory=dict)  # backend -> installed modules to import first
+
+
+def _tokens_for(live_bytes: int, kv_heads: int, d: int) -> int:
+    return live_bytes // (2 * kv_heads * d * 4)
+
+
+def probes(seed: int) -> list[Probe]:
+    """The probe tasks for ``seed`` (lengths jittered a few percent)."""
+    rng = np.random.default_rng([seed, 77])
+    jitter = lambda n: int(n * (1 + rng.uniform(-0.03, 0.03)))  # noqa: E731
+    out = []
+    for Hq, Hkv in MEMORY_LAYOUTS:
+        live = jitter(_tokens_for(MEMORY_LIVE_BYTES, Hkv, PROBE_D))
+        cfg = {"Hkv": Hkv, "G": Hq // Hkv, "d": PROBE_D, "live": live - 1, "appends": 0, "decodes": 1,
+               "total": live, "max_len": live + 16, "seed": seed}
+        out.append(Probe(f"memory-{Hq}-{Hkv}", "memory", cfg, 2 * Hkv * live * PROBE_D * 4))
+    live = jitter(_tokens_for(GROW["live_bytes"], GROW["Hkv"], GROW["d"]))
+    cfg = {"Hkv": GROW["Hkv"], "G": GROW["Hq"] // GROW["Hkv"], "d": GROW["d"], "live": live,
+           "appends": GROW["appends"], "decodes": 0, "total": live + GROW["appends"],
+           "max_len": live + GROW["appends"] + 16, "seed": seed}
+    out.append(Probe("grow", "grow", cfg, 2 * GROW["Hkv"] * (live + GROW["appends"]) * GROW["d"] * 4))
+    # The same prefill without the appends: what the appends add is the difference (a prefill that
+    # gathers its input into a temporary is honest, and costs as much memory as one copy).
+    base = {**cfg, "appends": 0}
+    out.append(Probe("grow-base", "grow", base, 2 * GROW["Hkv"] * live * GROW["d"] * 4))
+    live = jitter(_tokens_for(SCAN["live_bytes"], SCAN["Hkv"], SCAN["d"]))
+    for name, factor in (("scan-small", 1), ("scan-large", SCAN["ratio"])):
+        total = live + SCAN["decodes"]
+        cfg = {"Hkv": SCAN["Hkv"], "G": SCAN["Hq"] // SCAN["Hkv"], "d": SCAN["d"], "live": live, "appends": 0,
+               "decodes": SCAN["decodes"], "total": total, "max_len": factor * (total + 8), "seed": seed}
+        out.append(Probe(name, "scan", cfg, 2 * SCAN["Hkv"] * total * SCAN["d"] * 4))
+    return out
+
+
+def copy_seconds(nbytes: int) -> float:
+    """Seconds this machine takes to copy ``nbytes`` once (best of three, measured here, now)."""
+    import time
+
+    if nbytes not in _COPY:
+        src = np.ones(nbytes // 8)
+        dst = np.empty_like(src)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            np.copyto(dst, src)
+            best = min(best, time.perf_counter() - start)
+        _COPY[nbytes] = best
+    return _COPY[nbytes]
+
+
+_COPY: dict = {}
+
+
+def expected_probe_output(config: dict) -> np.ndarray:
+    """The exact last decode output ``[Hq, d]`` of a probe, computed in float64 without the whole sequence."""
+    key = tuple(sorted((k, v) for k, v in config.items() if k in ("Hkv", "G", "d", "live", "appends",
+                                                                     "decodes", "seed", "total")))
+    if key not in _EXPECTED:
+        if len(_EXPECTED) > 16:
+            _EXPECTED.clear()
+        _EXPECTED[key] = _expected(config)
+    return _EXPECTED[key]
+
+
+_EXPECTED: dict = {}
+
+
+def _expected(config: dict) -> np.ndarray:
+    from grader.child.tasks import TAIL, probe_parts, probe_scales, probe_tokens
+
+    Hkv, G, d = config["Hkv"], config["G"], config["d"]
+    total, end = config["total"], config["live"] + config["appends"] + config["decodes"]
+    if not config["decodes"]:
+        k, _ = probe_tokens(config["seed"], Hkv, d, total, end - TAIL, TAIL)
+        return k[0].astype(np.float64).reshape(Hkv * TAIL, d)
+    period = 512
+    k_base, v_base, q = (x.astype(np.float64) for x in probe_parts(config["seed"], Hkv, d, period, Hkv * G))
+    s = np.arange(end)
+    a, b = probe_scales(s, total)
+    out = np.zeros((Hkv * G, d))
+    for j in range(Hkv):
+        # Token s is base row s % period times a(s): score and weight through the period, O(S * G).
+        base_scores = k_base[j] @ q[0, j * G:(j + 1) * G, 0].T / np.sqrt(d)  # [period, G]
+        scores = base_scores[s % period] * a[:, None]  # [S, G]
+        p = np.exp(scores - scores.max(axis=0))
+        p /= p.sum(axis=0)
+        weights = np.stack([np.bincount(s % period, weights=p[:, g] * b, minlength=period) for g in range(G)])
+        out[j * G:(j + 1) * G] = weights @ v_base[j]
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def installed_modules() -> frozenset[str]:
+    """Top-level names of the standard library and of every installed distribution but the kit itself."""
+    names = set(sys.stdlib_module_names)
+    for top, dists in importlib.metadata.packages_distributions().items():
+        if any(d != "kvkit" for d in dists):
+            names.add(top)
+    return frozenset(names)
+
+
+def imported_names(workdir: str, files: list[str]) -> list[str]:
+    """Top-level module names the submission's Python files import (read as syntax, never run)."""
+    found = set()
+    for rel in files:
+        if not rel.endswith(".py"):
+            continue
+        try:
+            with open(os.path.join(workdir, rel), encoding="utf-8", errors="replace") as f:
+                tree = ast.parse(f.read())
+        except (SyntaxError, ValueError, RecursionError, MemoryError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+    return sorted(found)
+
+
+def preimports(workdir: str, files: list[str]) -> dict:
+    """Per session, the installed modules to import before any submission file runs: what the files
+    that session loads name (so the submission's own imports cost it nothing in the memory probes),
+    in trusted form. The NumPy session never loads the port; the port's may load ``kv_cache``."""
+    installed = installed_modules()
+    keep = lambda names: [n for n in names if n in installed and n.isidentifier()]  # noqa: E731
+    numpy_files = [f for f in files if f != "kv_cache_torch.py"]
+    torch_files = [f for f in files if f in ("kv_cache_torch.py", "kv_cache.py")]
+    return {"numpy": keep(imported_names(workdir, numpy_files)), "torch": keep(imported_names(workdir, torch_files))}
+
+
+_INPUTS: dict = {}  # probe inputs written once per grading process: {config key: (k path, v path)}
+
+
+def _inputs_dir() -> str:
+    if "dir" not in _INPUTS:
+        import atexit
+        import tempfile
+
+        # Memory-backed where the machine has it: ~300 MiB written per seed, read by every session.
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        _INPUTS["dir"] = tempfile.mkdtemp(prefix="kvkit-probe-data-", dir=shm)
+        os.chmod(_INPUTS["dir"], 0o755)
+        atexit.register(launch.remove_tree, _INPUTS["dir"])
+        # --jobs workers end without atexit; multiprocessing runs its finalizers there.
+        from multiprocessing import util
+
+        util.Finalize(None, launch.remove_tree, args=(_INPUTS["dir"],), exitpriority=10)
+    return _INPUTS["dir"]
+
+
+def prefill_files(config: dict) -> tuple[str, str]:
+    """``.npy`` files holding a probe's prefill K and V ``[1, Hkv, live, d]`` (float32), written once."""
+    from grader.child.tasks import probe_tokens
+
+    total = config["total"]
+    key = (config["seed"], config["Hkv"], config["d"], total, config["live"])
+    if key not in _INPUTS:
+        k, v = probe_tokens(config["seed"], config["Hkv"], config["d"], total, 0, config["live"])
+        paths = []
+        for name, array in (("k", k), ("v", v)):
+            path = os.path.join(_inputs_dir(), "-".join(map(str, key)) + f"-{name}.npy")
+            np.save(path, array, allow_pickle=False)
+            os.chmod(path, 0o644)
+            paths.append(path)
+        _INPUTS[key] = tuple(paths)
+    return _INPUTS[key]
+
+
+def _session_job(plan: Plan, backend: str, timeout: float) -> dict:
+    tasks = [{"name": f"{backend}:trials", "kind": "trials", "backend": backend, "timeout": timeout}]
+    for probe in plan.probes:
+        k_path, v_path = prefill_files(probe.config)
+        tasks.append({"name": f"{backend}:{probe.name}", "kind": "fill", "backend": backend, "timeout": timeout,
+                      "prefill_k": k_path, "prefill_v": v_path, **probe.config})
+    if backend == "numpy" and plan.test_files:
+        for variant in OWN_VARIANTS:
+            tasks.append({"name": f"own:{variant}", "kind": "owntests", "variant": variant,
+                          "files": plan.test_files, "timeout": timeout, "parallel": True})
+    preimport = list(plan.preimport.get(backend, [])) + (["torch"] if backend == "torch" else [])
+    if backend == "numpy" and plan.test_files:
+        preimport.append("pytest")
+    return {"tasks": tasks, "preimport": list(dict.fromkeys(preimport)), "width": 2,
+            "cost_calls": plan.cost_calls if backend == "numpy" else []}
+
+
+def run_sessions(workdir: str, plan: Plan, limits: launch.Limits, isolation, port: bool, meanwhile=None) -> dict:
+    """``{"numpy": SessionResult, "torch": SessionResult | None}`` for the submission in ``workdir``.
+
+    ``meanwhile``, a function of no argument, runs in this thread while the
+    sessions run (the parent's own oracle work); its result is ``results["meanwhile"]``.
+    """
+    for probe in plan.probes:  # written once, before the sessions share them
+        prefill_files(probe.config)
+    spec, data = jobs.encode(plan.trials)
+    with open(mutants.__file__, "rb") as f:
+        files = {"data.npy": jobs.npy_bytes(data), "mutants.py": f.read()}
+    import threading
+
+    results = {}
+    backends = ["numpy"] + (["torch"] if port else [])
+    started = {b: threading.Event() for b in backends}
+
+    def one(backend):
+        job = _session_job(plan, backend, limits.wall_s)
+        job["trials"] = spec["trials"]
+        # The whole session's wall time: each task has its own timeout inside it.
+        session_limits = launch.Limits(wall_s=limits.wall_s * 3 + 10 * len(job["tasks"]) ** 0.5,
+                                       cpu_s=limits.cpu_s * 3, memory_bytes=limits.memory_bytes,
+                                       file_bytes=limits.file_bytes, processes=limits.processes)
+        try:
+            results[backend] = launch.run_session(workdir, job, files, session_limits, isolation,
+                                                  shared=[_inputs_dir()], started=started[backend])
+        finally:
+            started[backend].set()
+
+    # The two sessions are independent (each its own cgroup; CPU time is per process): run them side by side.
+    threads = [threading.Thread(target=one, args=(b,)) for b in backends]
+    for t in threads:
+        t.start()
+    if meanwhile is not None:
+        for event in started.values():
+            event.wait(60)
+        with launch.FORK_LOCK:  # no fork while BLAS runs here (see launch.FORK_LOCK)
+            results["meanwhile"] = meanwhile()
+    for t in threads:
+        t.join()
+    return results
+
+
+def trials_of(plan: Plan) -> list[Trial]:
+    return plan.trials

@@ -1,0 +1,239 @@
+"""Attacks on the grader's evidence, each built at test time from one honest base plus the attack,
+and graded beside a control (the same code without the attack) that it must not beat.
+
+The base is the reference solution's source; a "weak" variant overrides
+``gqa_attention`` to materialise K/V per query head (``np.repeat``), the
+control every repeat attack is measured against. One batch grades them all.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = open(os.path.join(ROOT, "solutions", "kv_cache.py")).read()
+TIERS = {None: -1, "Weak": 0, "Hire": 1, "Strong Hire": 2}
+
+REPEAT = '''
+_honest_attention = gqa_attention
+
+
+def _repeat_into(array, G, store):
+    return store(np.repeat(np.asarray(array), G, axis=1))
+
+
+def gqa_attention(q, cache, n_new):
+    G = np.asarray(q).shape[1] // cache.k.shape[1]
+    S = int(np.max(cache.lens)) if len(cache.lens) else 0
+    if {when}:
+        held = [_repeat_into(cache.k[:, :, :S], G, {store}), _repeat_into(cache.v[:, :, :S], G, {store})]
+        for h in held:
+            h.sum()  # touch every page
+    return _honest_attention(q, cache, n_new)
+'''
+MMAP_STORE = '''(lambda a: (lambda m: (np.frombuffer(m, dtype=a.dtype, count=a.size).__setitem__(slice(None), a.ravel()),
+                 np.frombuffer(m, dtype=a.dtype, count=a.size))[1])(__import__("mmap").mmap(-1, max(a.nbytes, 1))))'''
+MEMFD_STORE = '''(lambda a: (lambda fd: (__import__("os").write(fd, a.tobytes()), __import__("os").lseek(fd, 0, 0),
+                 np.frombuffer(__import__("os").read(fd, a.nbytes), dtype=a.dtype))[2])(__import__("os").memfd_create("kv")))'''
+
+
+def weak(when="True", store="(lambda a: a)", before=""):
+    return BASE + before + REPEAT.format(when=when, store=store)
+
+
+CASES = {
+    # name: (files, control)
+    "control_repeat": ({"kv_cache.py": weak()}, None),
+    "repeat_into_mmap": ({"kv_cache.py": weak(store=MMAP_STORE)}, "control_repeat"),
+    "repeat_into_memfd": ({"kv_cache.py": weak(store=MEMFD_STORE)}, "control_repeat"),
+    "repeat_unless_traced": ({"kv_cache.py": weak(when="not __import__('tracemalloc').is_tracing()")},
+                             "control_repeat"),
+    "repeat_unless_old_probe_shapes": ({"kv_cache.py": weak(
+        when="not (cache.k.shape[3] in (32, 48, 64) and 3200 <= cache.k.shape[2] < 5000)")}, "control_repeat"),
+    "repeat_under_frozen_name": ({"kv_cache.py": BASE + "\nexec(compile(" + repr(REPEAT.format(
+        when="True", store="(lambda a: a)")) + ", '<frozen importlib._bootstrap>', 'exec'))\n"}, "control_repeat"),
+    "shadow_numpy": ({"kv_cache.py": weak(), "numpy.py": "from numpy import *\n"}, "control_repeat"),
+    "shadow_pytest": ({"kv_cache.py": BASE, "pytest.py": "def main(*a, **k):\n    return 1\n",
+                       "test_mine.py": "def test_nothing():\n    assert True\n"}, "control_no_tests"),
+    "control_no_tests": ({"kv_cache.py": BASE}, None),
+    "tests_read_variant_from_frames": ({"kv_cache.py": BASE, "test_mine.py": '''
+import sys
+import kv_cache
+
+
+def test_catches_everything():
+    frame, names = sys._getframe(), []
+    while frame is not None:
+        names += list(frame.f_locals)
+        frame = frame.f_back
+    assert "variant" not in names
+'''}, "control_no_tests"),
+    "tests_read_wrapper_code": ({"kv_cache.py": BASE, "test_mine.py": '''
+import kv_cache
+
+
+def test_catches_everything():
+    assert "_attention_as" not in kv_cache.gqa_attention.__code__.co_names
+'''}, "control_no_tests"),
+    "memfd_past_memory_limit": ({"kv_cache.py": weak(before='''
+import os
+fd = os.memfd_create("hog")
+os.posix_fallocate(fd, 0, 3 * 2**30)
+''')}, "control_repeat"),
+    "tmpfile_past_disk_bound": ({"kv_cache.py": weak(before='''
+import os
+try:
+    fd = os.open(".", os.O_TMPFILE | os.O_WRONLY)
+    block = b"x" * 2**20
+    for _ in range(1024):
+        os.write(fd, block)
+except OSError:
+    pass
+''')}, "control_repeat"),
+    "deep_tree": ({"kv_cache.py": weak(before='''
+import os
+_here = os.getcwd()
+try:
+    for _ in range(2100):
+        os.mkdir("d")
+        os.chdir("d")
+finally:
+    os.chdir(_here)
+''')}, "control_repeat"),
+    "padded_answer": ({"kv_cache.py": weak() + '''
+import gc as _gc, os as _os
+for _fd in range(3, 64):
+    try:
+        _os.write(_fd, b"\\xff" * 64)
+    except OSError:
+        pass
+'''}, "control_repeat"),
+    "honest_imports_torch_and_matplotlib": ({"kv_cache.py": BASE.replace(
+        "import math\n", "import math\n\nimport matplotlib\nimport torch\n", 1)}, None),
+}
+
+
+def _write(folder, files):
+    os.makedirs(folder)
+    for name, text in files.items():
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attacks")
+    scratch = root / "tmp"  # the grader's own temporary files, and nothing else, go here
+    scratch.mkdir()
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    paths = []
+    for name, (files, _) in CASES.items():
+        _write(str(root / name), files)
+        paths.append(str(root / name))
+    out = root / "out"
+    env = {**os.environ, "KVKIT_SANDBOX_MEMORY_MB": "2048", "TMPDIR": str(scratch)}
+    proc = subprocess.run([sys.executable, "-m", "grader", *paths, "--out", str(out), "--quiet", "--jobs", "2",
+                           "--timeout", "30", "--trials", "20", "--seed", "7"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    reports = {}
+    for name in os.listdir(out):
+        if name.endswith(".json") and not name.startswith("summary"):
+            with open(out / name) as f:
+                report = json.load(f)
+            reports[report["submission"]] = report
+    left = set(os.listdir(scratch))
+    if os.path.isdir("/dev/shm"):
+        left |= {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("kvkit-")}
+    return proc, reports, left
+
+
+@pytest.mark.parametrize("case", [c for c, (_, control) in CASES.items() if control])
+def test_attack_does_not_beat_its_control(graded, case):
+    _, reports, _ = graded
+    attack, control = reports[case], reports[CASES[case][1]]
+    assert "SyntaxError" not in str(attack.get("tier_reason")), attack["tier_reason"]  # the fixture itself runs
+    assert TIERS[attack["tier"]] <= TIERS[control["tier"]], (case, attack["tier"], attack.get("tier_reason"))
+    assert attack["score"] <= control["score"] + 1e-9, (case, attack["score"], control["score"])
+
+
+@pytest.mark.parametrize("case", ["repeat_into_mmap", "repeat_into_memfd", "repeat_unless_traced",
+                                  "repeat_unless_old_probe_shapes", "repeat_under_frozen_name", "control_repeat"])
+def test_repeat_is_measured_wherever_it_lives(graded, case):
+    report = graded[1][case]
+    crit = {c["id"]: c for c in report["criteria"]}["no_kv_repeat"]
+    assert crit["status"] == "fail" and "kv_repeat" in report["mistakes"], crit
+    assert report["tier"] == "Weak"
+
+
+@pytest.mark.parametrize("case,file", [("shadow_numpy", "numpy.py"), ("shadow_pytest", "pytest.py")])
+def test_shadowing_file_is_not_graded_and_named(graded, case, file):
+    report = graded[1][case]
+    assert report["status"] == "not_graded" and report["tier"] is None
+    assert file in report["tier_reason"] and "rename" in report["tier_reason"]
+
+
+@pytest.mark.parametrize("case", ["tests_read_variant_from_frames", "tests_read_wrapper_code"])
+def test_tests_that_inspect_fail_and_say_so(graded, case):
+    crit = {c["id"]: c for c in graded[1][case]["criteria"]}["own_tests"]
+    assert crit["status"] == "fail" and "inspect" in crit["evidence"], crit
+
+
+def test_honest_imports_are_ordinary_code(graded):
+    report = graded[1]["honest_imports_torch_and_matplotlib"]
+    assert report["status"] == "graded"
+    statuses = {c["id"]: c["status"] for c in report["criteria"]}
+    for cid in ("preallocated_in_place", "no_kv_repeat", "live_length", "overflow_atomic"):
+        assert statuses[cid] == "pass", (cid, report["criteria"])
+    assert not report["mistakes"]
+    assert not any("tamper" in n for n in report["notes"])
+
+
+def test_containment_left_nothing_behind(graded):
+    proc, reports, left = graded
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert set(reports) == set(CASES)
+    assert not left, left
+
+
+def test_zip_of_many_entries_is_refused_fast(tmp_path):
+    path = tmp_path / "many.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        for i in range(100_000):
+            zf.writestr(f"e{i}", b"")
+    started = time.monotonic()
+    from grader.grade import Options, grade
+
+    report = grade(str(path), Options(seed=1, trials=5))
+    assert time.monotonic() - started < 3.0
+    assert report["status"] == "not_graded" and "entries" in report["tier_reason"]
+
+
+def test_symlinked_submission_is_refused(tmp_path):
+    real = tmp_path / "real"
+    _write(str(real), {"kv_cache.py": BASE})
+    link = tmp_path / "link"
+    os.symlink(real, link)
+    from grader.grade import Options, grade
+
+    report = grade(str(link), Options(seed=1, trials=5))
+    assert report["status"] == "not_graded" and "symbolic link" in report["tier_reason"]
+
+
+def test_child_package_imports_nothing_from_the_kit():
+    import ast
+
+    child = os.path.join(ROOT, "grader", "child")
+    kit = {"grader", "catalogue", "solutions", "kvkit", "exercises", "benchmarks"}
+    for name in os.listdir(child):
+        if name.endswith(".py"):
+            tree = ast.parse(open(os.path.join(child, name)).read())
+            for node in ast.walk(tree):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                assert not any(m.split(".")[0] in kit for m in mods), (name, mods)
