@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from grader import report as report_mod
 from grader.grade import SCHEMA, Options, grade
-from grader.rubric import RubricError, load as load_rubric
+from grader.rubric import AUDIENCES, RubricError, load as load_rubric
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "catalogue", "examples")
 
@@ -39,17 +39,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--isolation", choices=["auto", "process", "namespaces"], default="auto",
                    help="process: child process and limits; namespaces: also Linux namespaces (auto: the best available)")
     p.add_argument("--quiet", action="store_true", help="no per-submission verdicts on the terminal")
+    p.add_argument("--audience", choices=list(AUDIENCES), default="hiring",
+                   help="whose words for the tiers: hiring (Weak / Hire / Strong Hire, with interviewer "
+                        "questions) or class (the rubric's classroom names, no questions)")
     return p
 
 
 def expand(paths: list[str]) -> list[str]:
-    """Submissions named by ``paths``: a folder without kv_cache.py stands for its entries."""
+    """Submissions named by ``paths``: a folder without kv_cache.py (or a notebook) is a class, one row per entry.
+
+    Every entry of a class folder but hidden ones gets a row: folders, ``.py``,
+    ``.ipynb`` and ``.zip`` are graded; anything else, and any symbolic link,
+    gets a ``not_graded`` report saying why (``grade`` refuses it).
+    """
     found = []
     for path in paths:
-        if os.path.isdir(path) and not os.path.exists(os.path.join(path, "kv_cache.py")) \
+        if os.path.isdir(path) and not os.path.islink(path) and not os.path.exists(os.path.join(path, "kv_cache.py")) \
                 and not any(n.endswith(".ipynb") for n in os.listdir(path)):
-            found += sorted(os.path.join(path, n) for n in os.listdir(path)
-                            if not n.startswith(".") and (os.path.isdir(os.path.join(path, n)) or n.endswith((".py", ".ipynb"))))
+            found += sorted(os.path.join(path, n) for n in os.listdir(path) if not n.startswith("."))
         else:
             found.append(path)
     return found
@@ -68,9 +75,30 @@ def _grade_one(path: str, options: Options) -> dict:
         from grader.submission import name_of
 
         report = _error_report(name_of(path), options, f"the grader failed on this submission ({type(exc).__name__}: "
-                               f"{str(exc)[:200]})", started)
+                               f"{str(exc)[:200]})", started, status="grader_error")
         report["grader_trace"] = traceback.format_exc()[-1500:]
         return report
+
+
+def finished_reports(paths: list[str], out_dir: str) -> dict:
+    """``{path: report}`` for the submissions whose report in ``out_dir`` is finished and graded.
+
+    Only a whole report of this schema with ``status: graded`` counts: a
+    ``not_graded`` or ``grader_error`` report, a half-written or foreign file
+    is graded again by ``--resume``.
+    """
+    import json
+
+    done = {}
+    for path in paths:
+        try:
+            with open(os.path.join(out_dir, report_name(path))) as f:
+                previous = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(previous, dict) and previous.get("schema") == SCHEMA and previous.get("status") == "graded":
+            done[path] = previous
+    return done
 
 
 def report_name(path: str) -> str:
@@ -81,7 +109,7 @@ def report_name(path: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     paths = expand(args.submissions) if args.submissions else expand([EXAMPLES])
-    missing = [p for p in paths if not os.path.exists(p)]
+    missing = [p for p in paths if not os.path.lexists(p)]
     if missing:
         print(f"kvkit grade: no such submission: {', '.join(missing)}", file=sys.stderr)
         return 2
@@ -109,19 +137,9 @@ def main(argv: list[str] | None = None) -> int:
 
     done = {}
     if args.resume:
-        import json
-
-        for path in paths:
-            target = os.path.join(args.out, report_name(path))
-            try:
-                with open(target) as f:
-                    previous = json.load(f)
-            except (OSError, ValueError):
-                continue
-            # Only a finished report of this grader counts as done; anything else is graded again.
-            if isinstance(previous, dict) and previous.get("schema") == SCHEMA \
-                    and previous.get("status") == "graded":
-                done[path] = previous
+        done = finished_reports(paths, args.out)
+        print(f"--resume: kept {len(done)} finished report(s) in {args.out}; grading {len(paths) - len(done)}",
+              file=sys.stderr)
     todo = [p for p in paths if p not in done]
     reports = dict(done)
     from rich.console import Console
@@ -132,25 +150,38 @@ def main(argv: list[str] | None = None) -> int:
 
     def finished(path, rep):
         reports[path] = rep
-        if args.out:
+        if args.out:  # written before anything is printed: a rendering failure loses nothing
             report_mod.write_json_atomic(os.path.join(args.out, report_name(path)), rep)
         if not args.quiet:
-            report_mod.print_report(rep, console)
+            try:
+                report_mod.print_report(rep, console, rubric, args.audience)
+            except Exception as exc:  # noqa: BLE001 - the report is safe on disk; say so and go on
+                print(f"{rep.get('submission')!r}: report not shown ({type(exc).__name__})", file=sys.stderr)
 
-    if args.jobs == 1:
-        with Progress(console=console, transient=True, disable=not show_progress) as progress:
-            task = progress.add_task("grading", total=len(todo))
-            for path in todo:
-                finished(path, _grade_one(path, options))
-                progress.advance(task)
-    else:
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool, \
-                Progress(console=console, transient=True) as progress:
-            task = progress.add_task("grading", total=len(todo))
-            futures = {pool.submit(_grade_one, p, options): p for p in todo}
-            for future in as_completed(futures):
-                finished(futures[future], future.result())
-                progress.advance(task)
+    try:
+        if args.jobs == 1:
+            with Progress(console=console, transient=True, disable=not show_progress) as progress:
+                task = progress.add_task("grading", total=len(todo))
+                for path in todo:
+                    finished(path, _grade_one(path, options))
+                    progress.advance(task)
+        else:
+            pool = ProcessPoolExecutor(max_workers=args.jobs)
+            try:
+                with Progress(console=console, transient=True) as progress:
+                    task = progress.add_task("grading", total=len(todo))
+                    futures = {pool.submit(_grade_one, p, options): p for p in todo}
+                    for future in as_completed(futures):
+                        finished(futures[future], future.result())
+                        progress.advance(task)
+            finally:
+                pool.shutdown(wait=False, cancel_futures=True)
+    except KeyboardInterrupt:
+        _stop_workers()
+        where = f"; rerun with --out {args.out} --resume to grade the rest" if args.out else ""
+        print(f"\nstopped: {len(reports) - len(done)} report(s) written this run, {len(done)} kept{where}",
+              file=sys.stderr)
+        return 130
 
     ordered = [reports[p] for p in paths]
     if args.json:
@@ -160,18 +191,34 @@ def main(argv: list[str] | None = None) -> int:
         else:
             report_mod.write_json_atomic(args.json, ordered)
     if args.markdown:
-        report_mod.write_text_atomic(args.markdown, report_mod.markdown(ordered))
+        report_mod.write_text_atomic(args.markdown, report_mod.markdown(ordered, rubric, args.audience))
     if args.gradescope:
-        report_mod.write_json_atomic(args.gradescope, report_mod.gradescope(ordered[0]))
+        report_mod.write_json_atomic(args.gradescope, report_mod.gradescope(ordered[0], rubric, args.audience))
     if args.out:
         from grader import summary
 
-        summary.write(ordered, args.out)
+        summary.write(ordered, args.out, rubric=rubric, audience=args.audience)
     if len(ordered) > 1:
         from grader import summary
 
-        summary.print_summary(ordered, console)
+        summary.print_summary(ordered, console, rubric, args.audience)
     return 0
+
+
+def _stop_workers() -> None:
+    """Kill this process's children (pool workers; their sandboxes die with them)."""
+    import signal
+
+    try:
+        import multiprocessing
+
+        for child in multiprocessing.active_children():
+            try:
+                os.kill(child.pid, signal.SIGKILL)
+            except OSError:
+                pass
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
 
 
 if __name__ == "__main__":

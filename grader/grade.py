@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 
 from catalogue import mutants as catalogue_mutants
 from grader import compare, criteria as criteria_mod, diagnose, jobs, owntests, run as run_mod, suite
+from grader import report as report_mod
 from grader import rubric as rubric_mod
 from grader.sandbox import launch
-from grader.submission import SubmissionError, materialize, name_of, shadowing
+from grader.submission import SubmissionError, materialize, name_of, set_aside_bundle, shadowing
 from solutions import cost as ref_cost
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CATALOGUE = os.path.join(os.path.dirname(HERE), "catalogue")
-SCHEMA = "kvkit.report/1"
+SCHEMA = report_mod.SCHEMA
 # The cost table's inputs (SPEC section 2) plus a second set, so no figure can be typed in.
 COST_CALLS = [
     ["kv_bytes_per_token(32, 8, 128, 2)", "kv_bytes_per_token", [32, 8, 128, 2]],
@@ -174,18 +175,8 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
 
 
 def _error_report(name, options, reason, started, status: str = "not_graded") -> dict:
-    """A report with no verdict: ``not_graded`` (fix the hand-back) or ``grader_error`` (the kit failed)."""
-    reason = reason[:600]  # the child's words: bounded, and said once
-    crits = [{"id": cid, "title": spec["title"], "status": "error", "points": 0.0,
-              "max_points": float(spec["points"]), "evidence": f"{status.replace('_', ' ')} (see error)",
-              "mistakes": []}
-             for cid, spec in options.rubric.criteria.items()]
-    return {"schema": SCHEMA, "submission": name, "seed": options.seed, "status": status, "tier": None,
-            "graded": False, "tier_reason": f"{status.replace('_', ' ')}: {reason}", "score": 0.0,
-            "fix": reason,
-            "max_score": options.rubric.max_score, "criteria": crits, "mistakes": [], "isolation": "none",
-            "duration_s": round(time.monotonic() - started, 2), "error": reason, "notes": [], "follow_ups": [],
-            "smallest_failing": None}
+    """A report with no verdict (see ``report.ungraded``)."""
+    return report_mod.ungraded(name, options.seed, options.rubric, reason, status, started)
 
 
 def grade(path: str, options: Options | None = None) -> dict:
@@ -199,12 +190,20 @@ def grade(path: str, options: Options | None = None) -> dict:
             files = materialize(path, workdir)
         except SubmissionError as exc:
             return _error_report(name, options, str(exc), started)
+        files, aside = set_aside_bundle(workdir, files)
         if "kv_cache.py" not in files:
-            return _error_report(name, options, "no kv_cache.py in the submission", started)
+            why = " (the kv_cache.py handed back is the starter bundle's unfilled stub)" \
+                if "kv_cache.py" in aside else ""
+            return _error_report(name, options, f"no kv_cache.py in the submission{why}", started)
         shadows = shadowing(files, run_mod.installed_modules())
         if shadows:
             return _error_report(name, options, "; ".join(shadows), started)
-        return _grade_dir(name, workdir, files, options, started)
+        report = _grade_dir(name, workdir, files, options, started)
+        if aside:
+            report.setdefault("notes", []).insert(
+                0, f"set aside {len(aside)} file(s) of the starter bundle, handed back unchanged: "
+                   + ", ".join(aside[:6]) + (" ..." if len(aside) > 6 else ""))
+        return report
     finally:
         launch.remove_tree(workdir)
 
@@ -237,8 +236,8 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
                 "isolation": level, "notes": notes}
     if answer is None:
         # The candidate's code ran and failed (import error, crash, hang): graded, with the reason.
-        report = _error_report(name, options, f"kv_cache.py: {comparison}", started, status="graded")
-        report.update(tier=options.rubric.lowest_tier(), graded=True, isolation=level, notes=notes,
+        report = _error_report(name, options, f"kv_cache.py: {comparison}", started)
+        report.update(status="graded", tier=options.rubric.lowest_tier(), graded=True, isolation=level, notes=notes,
                       output_tail=session.output_tail[-500:],
                       tier_reason=f"nothing could be measured: kv_cache.py: {comparison}"[:600])
         return report

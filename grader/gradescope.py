@@ -76,7 +76,11 @@ command -v unshare >/dev/null 2>&1 || apt-get install -y --no-install-recommends
 
 "$PY" -m venv "$ROOT/venv"
 "$ROOT/venv/bin/python" -m pip install --upgrade pip
-"$ROOT/venv/bin/python" -m pip install --extra-index-url https://download.pytorch.org/whl/cpu -e "$SOURCE"
+# Only what grading needs (requirements-grading.txt: NumPy, torch, pytest, rich, nbformat), then the kit
+# itself without its notebook and development stack.
+"$ROOT/venv/bin/python" -m pip install --extra-index-url https://download.pytorch.org/whl/cpu \
+  -r "$SOURCE/requirements-grading.txt"
+"$ROOT/venv/bin/python" -m pip install --no-deps -e "$SOURCE"
 "$ROOT/venv/bin/python" -c "import grader.gradescope, numpy, torch; print('kvkit autograder ready')"
 """
 
@@ -138,6 +142,22 @@ def bundle_files() -> list[tuple[str, str]]:
     return files
 
 
+GRADING_PACKAGES = ("numpy", "torch", "pytest", "rich", "nbformat")
+
+
+def grading_requirements() -> str:
+    """The kit's own pins of what grading needs, one per line (no notebook or development stack)."""
+    import importlib.metadata
+
+    wanted = []
+    for req in importlib.metadata.requires("kvkit") or []:
+        spec = req.split(";")[0].strip()
+        name = spec.split("=")[0].split("<")[0].split(">")[0].strip().lower()
+        if name in GRADING_PACKAGES and "extra ==" not in req:
+            wanted.append(spec)
+    return "\n".join(wanted) + "\n"
+
+
 def build(out: str, config: dict, rubric: str | None = None) -> list[str]:
     """Write the bundle to ``out`` (atomically); return the names in it."""
     out = os.path.abspath(out)
@@ -155,6 +175,8 @@ def build(out: str, config: dict, rubric: str | None = None) -> list[str]:
             config = {**config, "rubric": "rubric.toml"}
         _add(zf, CONFIG, (json.dumps(config, indent=2) + "\n").encode())
         names.append(CONFIG)
+        _add(zf, "requirements-grading.txt", grading_requirements().encode())
+        names.append("requirements-grading.txt")
         for path, arcname in bundle_files():
             with open(path, "rb") as f:
                 _add(zf, arcname, f.read())
@@ -225,7 +247,7 @@ def autograde(root: str) -> int:
             if options.isolation.warning:
                 print(f"warning: {options.isolation.warning}", file=sys.stderr)
             report = grade(submission, options)
-            results = report_mod.gradescope(report)
+            results = report_mod.gradescope(report, options.rubric, "class")
             results["extra_data"] = {"tier": report["tier"], "seed": report["seed"], "mistakes": report["mistakes"],
                                      "isolation": report["isolation"]}
             report_mod.print_report(report)
@@ -252,18 +274,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.timeout <= 0 or args.trials < 1:
         print("kvkit gradescope: --timeout and --trials must be positive", file=sys.stderr)
         return 2
-    if args.rubric:
-        from grader.rubric import RubricError, load as load_rubric
+    from grader.rubric import RubricError, load as load_rubric
 
-        try:
-            load_rubric(args.rubric)
-        except RubricError as exc:
-            print(f"kvkit gradescope: {exc}", file=sys.stderr)
-            return 2
+    try:
+        points = load_rubric(args.rubric).max_score
+    except RubricError as exc:
+        print(f"kvkit gradescope: {exc}", file=sys.stderr)
+        return 2
     config = {"timeout": args.timeout, "trials": args.trials, "isolation": args.isolation, "seed": args.seed}
     names = build(args.out, config, args.rubric)
     print(f"wrote {args.out}: setup.sh, run_autograder and {len(names) - 2} kit files; upload it as the "
-          f"autograder of a Gradescope programming assignment")
+          f"autograder of a Gradescope programming assignment, and set the assignment's points to {points:g}")
     return 0
 
 

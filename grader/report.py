@@ -1,13 +1,72 @@
-"""Reports out: the terminal view, Markdown, Gradescope's results.json, atomic JSON files.
+"""Reports: how one is made (schema ``kvkit.report/1``, docs/report.schema.json) and every way out.
 
-The report dict itself is built in ``grade.py`` (schema ``kvkit.report/1``);
-this module only renders and writes it.
+A report's ``status`` says whether there is a verdict at all: ``graded`` (a
+tier), ``not_graded`` (the hand-back cannot be graded: the reason says what to
+fix) or ``grader_error`` (the kit failed, not the candidate). Only a graded
+report has a tier; every renderer and summary switches on the status.
+
+Text that came from a submission (exception messages, file names) is data: the
+renderers strip control characters and newlines from it, print it with rich
+markup off, and escape it in Markdown.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+import time
+
+SCHEMA = "kvkit.report/1"
+STATUSES = ("graded", "not_graded", "grader_error")
+HEADLINE = {"not_graded": "NOT GRADED", "grader_error": "GRADER ERROR"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~])")
+
+
+def clean(text, limit: int = 2000) -> str:
+    """``text`` as one safe line: C0/C1 control characters and newlines become spaces, at most ``limit`` characters."""
+    return _CONTROL.sub(" ", str(text))[:limit]
+
+
+def md(text, limit: int = 2000) -> str:
+    """``text`` cleaned and escaped for Markdown (no table cell, heading or link can be forged)."""
+    return _MARKDOWN.sub(r"\\\1", clean(text, limit))
+
+
+def status_of(report: dict) -> str:
+    """The report's status; reports of older kits (no key) count as graded when they have a tier."""
+    status = report.get("status")
+    if status in STATUSES:
+        return status
+    return "graded" if report.get("tier") and report.get("graded", True) else "not_graded"
+
+
+def headline(report: dict, rubric=None, audience: str = "hiring") -> str:
+    """The tier as ``audience`` reads it, or NOT GRADED / GRADER ERROR."""
+    status = status_of(report)
+    if status != "graded":
+        return HEADLINE[status]
+    return rubric.label(report["tier"], audience) if rubric is not None else str(report["tier"])
+
+
+def ungraded(name: str, seed: int, rubric, reason: str, status: str = "not_graded", started: float | None = None,
+             **extra) -> dict:
+    """A report without a verdict: ``not_graded`` (fix the hand-back) or ``grader_error`` (the kit failed)."""
+    if status not in ("not_graded", "grader_error"):
+        raise ValueError(f"status must be not_graded or grader_error, got {status!r}")
+    reason = clean(reason, 600)
+    words = status.replace("_", " ")
+    crits = [{"id": cid, "title": spec["title"], "status": "error", "points": 0.0,
+              "max_points": float(spec["points"]), "evidence": f"{words} (see the reason)", "mistakes": []}
+             for cid, spec in rubric.criteria.items()]
+    report = {"schema": SCHEMA, "submission": name, "seed": seed, "status": status, "tier": None, "graded": False,
+              "tier_reason": f"{words}: {reason}", "score": 0.0, "max_score": rubric.max_score, "criteria": crits,
+              "mistakes": [], "isolation": "none", "error": reason, "notes": [], "follow_ups": [],
+              "smallest_failing": None,
+              "duration_s": round(time.monotonic() - started, 2) if started is not None else 0.0}
+    report.update(extra)
+    return report
 
 MARK = {"pass": "PASS", "fail": "FAIL", "not_attempted": "----", "error": "ERR "}
 STYLE = {"pass": "green", "fail": "red", "not_attempted": "dim", "error": "yellow"}
@@ -33,78 +92,91 @@ def write_text_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def print_report(report: dict, console=None) -> None:
-    """The at-a-glance terminal view: tier, each criterion with one line of evidence, mistakes, questions."""
+def print_report(report: dict, console=None, rubric=None, audience: str = "hiring") -> None:
+    """The at-a-glance terminal view: tier, each criterion with one line of evidence, mistakes, questions.
+
+    Every string is printed as rich ``Text`` (markup off) after :func:`clean`:
+    a submission's exception message can neither style nor break the output.
+    """
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = console or Console()
-    tier = report["tier"] if report.get("graded", True) else "NOT GRADED"
-    console.rule(f"[bold]{report['submission']}[/]  [{TIER_STYLE.get(tier, 'bold')}]{tier}[/]  "
-                 f"{report['score']:g}/{report['max_score']:g}")
-    console.print(f"[dim]{report.get('tier_reason', '')} | seed {report['seed']} | {report['duration_s']} s | "
-                  f"isolation: {report['isolation']}[/]")
+    title = headline(report, rubric, audience)
+    rule = Text.assemble((clean(report["submission"], 200), "bold"), "  ",
+                         (title, TIER_STYLE.get(report.get("tier") if status_of(report) == "graded" else "", "bold yellow")),
+                         f"  {report['score']:g}/{report['max_score']:g}")
+    console.rule(rule)
+    console.print(Text(f"{clean(report.get('tier_reason', ''))} | seed {report['seed']} | {report['duration_s']} s | "
+                       f"isolation: {clean(report['isolation'])}", style="dim"))
     if report.get("error"):
-        console.print(f"[yellow]{report['error']}[/]")
+        console.print(Text(clean(report["error"]), style="yellow"))
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(width=4)
     table.add_column(no_wrap=False)
     table.add_column()
     for c in report["criteria"]:
-        table.add_row(f"[{STYLE[c['status']]}]{MARK[c['status']]}[/]", c["title"],
-                      f"[dim]{c['evidence']}[/]" + (f" [red]({', '.join(c['mistakes'])})[/]" if c["mistakes"] else ""))
+        evidence = Text(clean(c["evidence"]), style="dim")
+        if c["mistakes"]:
+            evidence.append(f" ({', '.join(clean(m, 80) for m in c['mistakes'])})", style="red")
+        table.add_row(Text(MARK.get(c["status"], "?"), style=STYLE.get(c["status"], "")), Text(clean(c["title"])),
+                      evidence)
     console.print(table)
     if report.get("mistakes"):
-        console.print("[bold red]Mistakes:[/] " + ", ".join(report["mistakes"]))
+        console.print(Text.assemble(("Mistakes: ", "bold red"), clean(", ".join(report["mistakes"]))))
     if report.get("smallest_failing"):
-        console.print(f"[bold]Smallest failing case:[/] {report['smallest_failing']}")
+        console.print(Text.assemble(("Smallest failing case: ", "bold"), clean(report["smallest_failing"])))
     for note in report.get("notes", []):
-        console.print(f"[yellow]note:[/] {note}")
-    if report.get("follow_ups"):
-        console.print("[bold]Ask next:[/]")
+        console.print(Text.assemble(("note: ", "yellow"), clean(note)))
+    if report.get("follow_ups") and audience == "hiring":
+        console.print(Text("Ask next:", style="bold"))
         for q in report["follow_ups"]:
-            console.print(f"  - {q['question']}  [dim]expect: {q['answer']}[/]")
+            console.print(Text.assemble(f"  - {clean(q['question'])}  ", (f"expect: {clean(q['answer'])}", "dim")))
 
 
-def markdown(reports: list[dict]) -> str:
-    """All reports as one Markdown document (a summary table, then one section each)."""
+def markdown(reports: list[dict], rubric=None, audience: str = "hiring") -> str:
+    """All reports as one Markdown document (a summary table, then one section each); all text escaped."""
     lines = ["# kvkit grading report", "", "| submission | tier | score | mistakes |", "| --- | --- | --- | --- |"]
     for r in reports:
-        lines.append(f"| {r['submission']} | {r['tier']} | {r['score']:g}/{r['max_score']:g} | "
-                     f"{', '.join(r['mistakes']) or '-'} |")
+        lines.append(f"| {md(r['submission'], 200)} | {md(headline(r, rubric, audience))} | "
+                     f"{r['score']:g}/{r['max_score']:g} | {md(', '.join(r['mistakes'])) or '-'} |")
     for r in reports:
-        lines += ["", f"## {r['submission']}: {r['tier']} ({r['score']:g}/{r['max_score']:g})", "",
-                  f"{r.get('tier_reason', '')}. Seed {r['seed']}, isolation: {r['isolation']}.", "",
+        lines += ["", f"## {md(r['submission'], 200)}: {md(headline(r, rubric, audience))} "
+                      f"({r['score']:g}/{r['max_score']:g})", "",
+                  f"{md(r.get('tier_reason', ''))}. Seed {r['seed']}, isolation: {md(r['isolation'])}.", "",
                   "| criterion | status | points | evidence |", "| --- | --- | --- | --- |"]
         for c in r["criteria"]:
-            evidence = c["evidence"].replace("|", "\\|")
+            evidence = md(c["evidence"])
             if c["mistakes"]:
-                evidence += f" (**{', '.join(c['mistakes'])}**)"
-            lines.append(f"| {c['title']} | {c['status']} | {c['points']:g}/{c['max_points']:g} | {evidence} |")
+                evidence += f" (**{md(', '.join(c['mistakes']))}**)"
+            lines.append(f"| {md(c['title'])} | {c['status']} | {c['points']:g}/{c['max_points']:g} | {evidence} |")
         if r.get("smallest_failing"):
-            lines += ["", f"Smallest failing case: {r['smallest_failing']}"]
+            lines += ["", f"Smallest failing case: {md(r['smallest_failing'])}"]
         for note in r.get("notes", []):
-            lines.append(f"- note: {note}")
-        if r.get("follow_ups"):
+            lines.append(f"- note: {md(note)}")
+        if r.get("follow_ups") and audience == "hiring":
             lines += ["", "Interviewer follow-ups:"]
-            lines += [f"- {q['question']} *Expect:* {q['answer']}" for q in r["follow_ups"]]
+            lines += [f"- {md(q['question'])} *Expect:* {md(q['answer'])}" for q in r["follow_ups"]]
     return "\n".join(lines) + "\n"
 
 
-def gradescope(report: dict) -> dict:
+def gradescope(report: dict, rubric=None, audience: str = "class") -> dict:
     """Gradescope's results.json: ``score``, ``max_score``, ``tests[]`` (name, score, max_score, output, visibility).
 
-    Evidence is already free of hidden values, so every test is visible; the
-    follow-up questions are for interviewers and are left out.
+    Points per criterion; the tier in ``audience``'s words (a class by
+    default). Evidence is already free of hidden values, so every test is
+    visible; the follow-up questions are for interviewers and are left out.
     """
-    tests = [{"name": c["title"], "score": c["points"], "max_score": c["max_points"],
+    tests = [{"name": clean(c["title"]), "score": c["points"], "max_score": c["max_points"],
               "status": "passed" if c["status"] == "pass" else "failed",
-              "output": c["evidence"] + (f" Mistakes: {', '.join(c['mistakes'])}." if c["mistakes"] else ""),
+              "output": clean(c["evidence"]) + (f" Mistakes: {clean(', '.join(c['mistakes']))}." if c["mistakes"] else ""),
               "visibility": "visible"} for c in report["criteria"]]
-    output = f"Verdict: {report['tier']}. {report.get('tier_reason', '')}."
+    word = "Result" if audience == "class" else "Verdict"
+    output = f"{word}: {headline(report, rubric, audience)}. {clean(report.get('tier_reason', ''))}."
     if report.get("smallest_failing"):
-        output += f"\nSmallest failing case: {report['smallest_failing']}"
+        output += f"\nSmallest failing case: {clean(report['smallest_failing'])}"
     if report.get("error"):
-        output += f"\n{report['error']}"
+        output += f"\n{clean(report['error'])}"
     return {"score": report["score"], "max_score": report["max_score"], "output": output,
             "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rubric.toml")
 TIERS = ["Weak", "Hire", "Strong Hire"]
+AUDIENCES = ("hiring", "class")
+DEFAULT_AUDIENCES = {"hiring": list(TIERS), "class": ["Needs work", "Meets expectations", "Exceeds expectations"]}
 
 
 class RubricError(ValueError):
@@ -29,6 +31,14 @@ class Rubric:
     weak_mistakes: list
     port_mistake_cap: str
     max_score: float
+    audiences: dict = field(default_factory=lambda: dict(DEFAULT_AUDIENCES))  # name -> labels of TIERS
+
+    def label(self, tier: str | None, audience: str = "hiring") -> str | None:
+        """What ``audience`` reads for ``tier`` (one of ``TIERS``; None stays None)."""
+        if tier is None:
+            return None
+        names = self.audiences.get(audience) or self.audiences["hiring"]
+        return names[TIERS.index(tier)]
 
     def lowest_tier(self) -> str:
         """The tier of a submission that meets nothing (the first of ``TIERS``)."""
@@ -77,4 +87,9 @@ def load(path: str | None = None) -> Rubric:
     if cap not in TIERS:
         raise RubricError(f"rubric {path}: port_mistake_cap must be one of {TIERS}, got {cap!r}")
     max_score = float(data.get("max_score", sum(spec["points"] for spec in criteria.values())))
-    return Rubric(criteria, list(tiers.get("weak_mistakes", [])), cap, max_score)
+    audiences = dict(DEFAULT_AUDIENCES)
+    for name, labels in (data.get("audiences") or {}).items():
+        if not (isinstance(labels, list) and len(labels) == len(TIERS) and all(isinstance(x, str) for x in labels)):
+            raise RubricError(f"rubric {path}: audiences.{name} must list {len(TIERS)} names (for {', '.join(TIERS)})")
+        audiences[name] = labels
+    return Rubric(criteria, list(tiers.get("weak_mistakes", [])), cap, max_score, audiences)

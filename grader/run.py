@@ -285,7 +285,7 @@ def run_sessions(workdir: str, plan: Plan, limits: launch.Limits, isolation, por
             started[backend].set()
 
     # The two sessions are independent (each its own cgroup; CPU time is per process): run them side by side.
-    threads = [threading.Thread(target=one, args=(b,)) for b in backends]
+    threads = [threading.Thread(target=one, args=(b,), daemon=True) for b in backends]
     for t in threads:
         t.start()
     if meanwhile is not None:

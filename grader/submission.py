@@ -57,6 +57,41 @@ def shadowing(files: list[str], installed: set[str]) -> list[str]:
             for name, shown in sorted(found.items())]
 
 
+def set_aside_bundle(workdir: str, files: list[str]) -> tuple[list[str], list[str]]:
+    """``(kept, set_aside)``: remove from ``workdir`` the files whose bytes are the starter bundle's own.
+
+    A candidate who zips the whole working folder back hands in the bundle's
+    step tests, progress runner, planted mutants and any stub left unfilled;
+    those are the kit's, not the candidate's, so they are set aside (and said
+    so in a note) and the rest is graded.
+    """
+    import hashlib
+
+    from kvkit.starter import bundle_fingerprints
+
+    known = _fingerprints(bundle_fingerprints)
+    kept, aside = [], []
+    for rel in files:
+        path = os.path.join(workdir, rel)
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        if digest in known:
+            os.remove(path)
+            aside.append(rel)
+        else:
+            kept.append(rel)
+    return kept, aside
+
+
+_FINGERPRINTS: dict = {}
+
+
+def _fingerprints(make) -> dict:
+    if "all" not in _FINGERPRINTS:
+        _FINGERPRINTS["all"] = make()
+    return _FINGERPRINTS["all"]
+
+
 def name_of(path: str) -> str:
     """A submission's display name: its file or directory name."""
     return os.path.basename(os.path.normpath(path))

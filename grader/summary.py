@@ -18,19 +18,34 @@ import io
 import os
 from collections import Counter
 
-from grader.report import write_text_atomic
+from grader.report import clean, md, status_of, write_text_atomic
+from grader.rubric import TIERS as RUBRIC_TIERS
 
-TIERS = ["Strong Hire", "Hire", "Weak"]
+TIERS = list(reversed(RUBRIC_TIERS))  # best first
+
+
+def graded(reports: list[dict]) -> list[dict]:
+    """The reports with a verdict: every count and rate of a class is over these alone."""
+    return [r for r in reports if status_of(r) == "graded"]
+
+
+def status_counts(reports: list[dict]) -> Counter:
+    """How many reports are graded, not graded and grader errors."""
+    return Counter(status_of(r) for r in reports)
 
 
 def rates(reports: list[dict]) -> list[tuple[str, str, int, int]]:
-    """``(criterion id, title, passed, graded)`` for each criterion, in rubric order."""
-    return [(cid, title, counts["pass"], total) for cid, title, counts, total in _criterion_counts(reports)]
+    """``(criterion id, title, passed, attempted)`` for each criterion over the graded reports, in rubric order.
+
+    A criterion not attempted (an optional section left out) counts neither as passed nor in the total.
+    """
+    return [(cid, title, counts["pass"], total - counts["not_attempted"])
+            for cid, title, counts, total in _criterion_counts(reports)]
 
 
 def _criterion_counts(reports: list[dict]) -> list[tuple[str, str, Counter, int]]:
     order, titles, statuses, graded = [], {}, {}, Counter()
-    for r in reports:
+    for r in [r for r in reports if status_of(r) == "graded"]:
         for c in r.get("criteria", []):
             cid = c["id"]
             if cid not in titles:
@@ -43,40 +58,54 @@ def _criterion_counts(reports: list[dict]) -> list[tuple[str, str, Counter, int]
 
 
 def tier_counts(reports: list[dict]) -> Counter:
-    return Counter(r.get("tier") for r in reports)
+    """Tiers of the graded reports only (a report that was not graded has no tier)."""
+    return Counter(r.get("tier") for r in graded(reports))
 
 
 def mistake_counts(reports: list[dict]) -> Counter:
-    return Counter(m for r in reports for m in set(r.get("mistakes", [])))
+    return Counter(m for r in graded(reports) for m in set(r.get("mistakes", [])))
 
 
 def _rate(part: int, whole: int) -> str:
     return f"{part / whole:.0%}" if whole else "-"
 
 
-def markdown(reports: list[dict], elapsed_s: float | None = None) -> str:
+def _label(rubric, audience):
+    return (lambda t: rubric.label(t, audience)) if rubric is not None else (lambda t: t)
+
+
+def markdown(reports: list[dict], elapsed_s: float | None = None, rubric=None, audience: str = "hiring") -> str:
     n = len(reports)
+    statuses = status_counts(reports)
+    n_graded = statuses.get("graded", 0)
     counts = tier_counts(reports)
-    lines = [f"# Batch summary: {n} submissions", ""]
+    label = _label(rubric, audience)
+    lines = [f"# Batch summary: {n} submissions", "",
+             f"{n_graded} graded, {statuses.get('not_graded', 0)} not graded, "
+             f"{statuses.get('grader_error', 0)} grader errors. Tiers and rates count graded submissions only.", ""]
     if elapsed_s:
         lines += [f"Graded in {elapsed_s:.0f} s ({60 * n / elapsed_s:.1f} submissions per minute).", ""]
     lines += ["| tier | count | share |", "| --- | --- | --- |"]
-    lines += [f"| {t} | {counts.get(t, 0)} | {_rate(counts.get(t, 0), n)} |" for t in TIERS]
+    lines += [f"| {md(label(t))} | {counts.get(t, 0)} | {_rate(counts.get(t, 0), n_graded)} |" for t in TIERS]
     lines += ["", "| criterion | passed | rate | failed | not attempted | not measured |", "| --- | --- | --- | --- | --- | --- |"]
     for _, title, status, total in _criterion_counts(reports):
-        lines.append(f"| {title} | {status['pass']}/{total} | {_rate(status['pass'], total)} | {status['fail']} | "
-                     f"{status['not_attempted']} | {status['error']} |")
+        attempted = total - status["not_attempted"]
+        lines.append(f"| {md(title)} | {status['pass']}/{attempted} | {_rate(status['pass'], attempted)} | "
+                     f"{status['fail']} | {status['not_attempted']} | {status['error']} |")
     mistakes = mistake_counts(reports)
     if mistakes:
         lines += ["", "| mistake | submissions | share |", "| --- | --- | --- |"]
-        lines += [f"| `{m}` | {c} | {_rate(c, n)} |" for m, c in sorted(mistakes.items(), key=lambda kv: (-kv[1], kv[0]))]
-    failed = [r for r in reports if r.get("error")]
-    if failed:
-        lines += ["", f"Not graded ({len(failed)}):", ""]
-        lines += [f"- {r.get('submission')}: {str(r['error']).replace('|', '/')[:200]}" for r in failed]
-    levels = Counter(r.get("isolation", "?") for r in reports if not r.get("error") or r.get("isolation") != "none")
+        lines += [f"| `{md(m)}` | {c} | {_rate(c, n_graded)} |"
+                  for m, c in sorted(mistakes.items(), key=lambda kv: (-kv[1], kv[0]))]
+    for status, words in (("not_graded", "Not graded (fix the hand-back)"), ("grader_error", "Grader errors")):
+        apart = [r for r in reports if status_of(r) == status]
+        if apart:
+            lines += ["", f"{words} ({len(apart)}):", ""]
+            lines += [f"- {md(r.get('submission'), 200)}: {md(r.get('error') or r.get('tier_reason', ''), 200)}"
+                      for r in apart]
+    levels = Counter(r.get("isolation", "?") for r in graded(reports))
     if levels:
-        lines += ["", "Isolation: " + "; ".join(f"{level} ({c})" for level, c in levels.most_common())]
+        lines += ["", "Isolation: " + "; ".join(f"{md(level)} ({c})" for level, c in levels.most_common())]
     return "\n".join(lines) + "\n"
 
 
@@ -86,11 +115,15 @@ def summary_csv(reports: list[dict]) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["section", "id", "title", "count", "total", "rate"])
+    for status in ("graded", "not_graded", "grader_error"):
+        c = status_counts(reports).get(status, 0)
+        writer.writerow(["status", status, status, c, n, f"{c / n:.4f}" if n else ""])
+    n = len(graded(reports))
     counts = tier_counts(reports)
     for t in TIERS:
         writer.writerow(["tier", t, t, counts.get(t, 0), n, f"{counts.get(t, 0) / n:.4f}" if n else ""])
-    for cid, title, status, total in _criterion_counts(reports):
-        writer.writerow(["criterion", cid, title, status["pass"], total, f"{status['pass'] / total:.4f}" if total else ""])
+    for cid, title, passed, total in rates(reports):
+        writer.writerow(["criterion", cid, title, passed, total, f"{passed / total:.4f}" if total else ""])
     for m, c in sorted(mistake_counts(reports).items()):
         writer.writerow(["mistake", m, m, c, n, f"{c / n:.4f}" if n else ""])
     return out.getvalue()
@@ -101,37 +134,43 @@ def csv_text(reports: list[dict]) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
     ids = [cid for cid, *_ in rates(reports)]
-    writer.writerow(["submission", "tier", "score", "max_score", "mistakes", "error"] + ids)
+    writer.writerow(["submission", "status", "tier", "score", "max_score", "mistakes", "error"] + ids)
     for r in reports:
-        status = {c["id"]: c["status"] for c in r.get("criteria", [])}
-        writer.writerow([r.get("submission"), r.get("tier"), r.get("score"), r.get("max_score"),
-                         " ".join(r.get("mistakes", [])), (r.get("error") or "")[:200]]
+        status = {c["id"]: c["status"] for c in r.get("criteria", [])} if status_of(r) == "graded" else {}
+        writer.writerow([clean(r.get("submission"), 200), status_of(r), r.get("tier") or "", r.get("score"),
+                         r.get("max_score"), " ".join(r.get("mistakes", [])), clean(r.get("error") or "", 200)]
                         + [status.get(cid, "") for cid in ids])
     return out.getvalue()
 
 
-def write(reports: list[dict], out_dir: str, elapsed_s: float | None = None) -> None:
+def write(reports: list[dict], out_dir: str, elapsed_s: float | None = None, rubric=None,
+          audience: str = "hiring") -> None:
     """``summary.md``, ``summary.csv`` (class-level) and ``grades.csv`` (per submission) in ``out_dir``."""
-    write_text_atomic(os.path.join(out_dir, "summary.md"), markdown(reports, elapsed_s))
+    write_text_atomic(os.path.join(out_dir, "summary.md"), markdown(reports, elapsed_s, rubric, audience))
     write_text_atomic(os.path.join(out_dir, "summary.csv"), summary_csv(reports))
     write_text_atomic(os.path.join(out_dir, "grades.csv"), csv_text(reports))
 
 
-def print_summary(reports: list[dict], console) -> None:
+def print_summary(reports: list[dict], console, rubric=None, audience: str = "hiring") -> None:
     from rich.table import Table
+    from rich.text import Text
 
+    from grader.report import headline
+
+    label = _label(rubric, audience)
     table = Table(title=f"{len(reports)} submissions")
     table.add_column("submission")
     table.add_column("tier")
     table.add_column("score", justify="right")
     table.add_column("mistakes")
     for r in reports:
-        tier = str(r.get("tier")) if r.get("graded", True) else "not graded"
-        table.add_row(str(r.get("submission")), tier, f"{r.get('score', 0):g}",
-                      ", ".join(r.get("mistakes", [])) or ("error" if r.get("error") else "-"))
+        table.add_row(Text(clean(r.get("submission"), 200)), Text(headline(r, rubric, audience)),
+                      f"{r.get('score', 0):g}", Text(clean(", ".join(r.get("mistakes", [])))
+                                                     or ("-" if status_of(r) == "graded" else clean(r.get("error"), 80))))
     console.print(table)
-    counts = tier_counts(reports)
-    console.print("  ".join(f"{t}: {counts.get(t, 0)}" for t in TIERS))
+    counts, statuses = tier_counts(reports), status_counts(reports)
+    console.print(Text("  ".join(f"{label(t)}: {counts.get(t, 0)}" for t in TIERS)
+                       + f"  |  not graded: {statuses.get('not_graded', 0)}, grader errors: {statuses.get('grader_error', 0)}"))
     n = len(reports)
     if n > 1:
         worst = sorted(_criterion_counts(reports), key=lambda row: row[2]["pass"] / max(row[3], 1))[:3]

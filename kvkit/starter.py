@@ -5,7 +5,7 @@ step tests, a README for the candidate (the task, the contract, how to run
 the tests, what to hand back), ``steps.toml`` (without its hints, which come
 close to the answers; ``--hints`` keeps them for a learner's copy), ``progress.py`` (a copy of kvkit/progress.py, which needs
 only the standard library and, optionally, rich) and the catalogue's planted
-mutants for step 7 (``catalogue/mutants.py`` and ``mistakes.toml``: they
+mutants for step 7 (``catalogue/mutants.py`` and a public ``mistakes.toml``: they
 hold no answer). Nothing of ``solutions/``, ``grader/`` or the hidden trials
 goes in, and the build checks it: it refuses when a stub has been filled in
 or when any bundled file shares a non-trivial line with those directories.
@@ -191,6 +191,58 @@ def steps_without_hints(text: str) -> str:
     return "\n".join(out)
 
 
+# What a candidate may read of the mistakes catalogue: no question, answer or rubric effect.
+PUBLIC_MISTAKE_FIELDS = ("title", "what", "mutant")
+
+
+def public_mistakes(text: str) -> str:
+    """mistakes.toml as the bundle ships it: each mistake's title, what it is and whether a mutant is planted.
+
+    The interviewer's follow-up questions and expected answers, and the rubric's
+    effect of each mistake, stay with the kit.
+    """
+    data = tomllib.loads(text)
+    out = ["# The planted mistakes of step 7: what each one does (catalogue/mutants.py plants them).", ""]
+    for mid, entry in data.items():
+        out.append(f"[{mid}]")
+        out += [f"{key} = {_toml_value(entry[key])}" for key in PUBLIC_MISTAKE_FIELDS if key in entry]
+        out.append("")
+    return "\n".join(out)
+
+
+def bundle_contents(hints: bool = False, exercises: Path = EXERCISES, kit: Path = KIT) -> dict[str, bytes]:
+    """``{path in the bundle: bytes}``: every file ``build`` writes, as it writes it.
+
+    Raises:
+        BuildError: a file the bundle needs is missing.
+    """
+    contents = {}
+    for rel, src in manifest(exercises, kit).items():
+        if rel == "steps.toml" and not hints:
+            contents[rel] = steps_without_hints(src.read_text(encoding="utf-8")).encode()
+        elif rel == "catalogue/mistakes.toml":
+            contents[rel] = public_mistakes(src.read_text(encoding="utf-8")).encode()
+        else:
+            contents[rel] = src.read_bytes()
+    contents["requirements.txt"] = requirements().encode()
+    return contents
+
+
+def bundle_fingerprints() -> dict[str, str]:
+    """``{sha256 of a file: its path in the bundle}`` over both bundles (with and without hints).
+
+    The grader sets a handed-back file aside when its bytes are the bundle's
+    own (a candidate who zips the whole working folder back), and grades the rest.
+    """
+    import hashlib
+
+    found = {}
+    for hints in (False, True):
+        for rel, data in bundle_contents(hints).items():
+            found.setdefault(hashlib.sha256(data).hexdigest(), rel)
+    return found
+
+
 def _toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -222,19 +274,14 @@ def build(outdir: Path, hints: bool = False, force: bool = False, exercises: Pat
     if outdir == kit or kit in outdir.parents and outdir.parts[len(kit.parts)] in ("exercises", *PRIVATE_DIRS):
         raise BuildError(f"{outdir} is inside the kit's own directories; choose another place")
     check_stubs(exercises)
-    files = manifest(exercises, kit)
+    contents = bundle_contents(hints, exercises, kit)
     outdir.mkdir(parents=True, exist_ok=True)
     written = []
-    for rel, src in files.items():
+    for rel, data in contents.items():
         dest = outdir / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if rel == "steps.toml" and not hints:
-            dest.write_text(steps_without_hints(src.read_text(encoding="utf-8")), encoding="utf-8")
-        else:
-            shutil.copyfile(src, dest)
+        dest.write_bytes(data)
         written.append(dest)
-    (outdir / "requirements.txt").write_text(requirements(), encoding="utf-8")
-    written.append(outdir / "requirements.txt")
     leaks = shared_lines(outdir, kit, run=COPIED_RUN)
     if leaks:
         shutil.rmtree(outdir)

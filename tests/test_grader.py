@@ -62,7 +62,7 @@ def test_reports_follow_the_stable_schema(example_reports):
         assert report["seed"] == SEED
         assert report["score"] == sum(c["points"] for c in report["criteria"])
         assert report["duration_s"] < 60
-    assert "| strong_hire | Strong Hire |" in markdown
+    assert "| strong\\_hire | Strong Hire |" in markdown
 
 
 def test_mistake_reports_carry_follow_up_questions(example_reports):

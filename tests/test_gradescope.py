@@ -74,7 +74,8 @@ def test_run_autograder_grades_the_submission(tmp_path, bundle):
     shutil.copytree(os.path.join(EXAMPLES, "hire_basic"), os.path.join(root, "submission", "my_work"))
     results = run_autograder(root)
     assert results["score"] == 82.0 and results["max_score"] == 100.0
-    assert results["output"].startswith("Verdict: Hire")
+    assert results["output"].startswith("Result: Meets expectations")  # the class's words, not hiring's
+    assert "Hire" not in results["output"] and "Weak" not in results["output"]
     assert results["extra_data"]["tier"] == "Hire"
     assert len(results["tests"]) == 13
     assert all({"name", "score", "max_score", "output"} <= set(t) for t in results["tests"])
@@ -98,7 +99,7 @@ def test_run_autograder_survives_a_cheat(tmp_path, bundle):
                 "exec(open(%r).read())\n" % (target, source))
     results = run_autograder(root)
     assert results["score"] == 0.0 and "pwned" not in json.dumps(results)
-    assert "Verdict: Weak" in results["output"]
+    assert "Result: Needs work" in results["output"]
     assert "kv_cache.py: failed to import" in results["output"]
 
 

@@ -191,3 +191,38 @@ def test_force_replaces_an_earlier_bundle(tmp_path):
     (out / "kv_cache.py").write_text("# edited")
     assert starter.main([str(out), "--force"]) == 0
     assert "NotImplementedError" in (out / "kv_cache.py").read_text()
+
+
+def test_the_bundle_keeps_the_interview_private(tmp_path):
+    import tomllib
+
+    private = tomllib.loads((starter.KIT / "catalogue" / "mistakes.toml").read_text())
+    secrets = [e[k] for e in private.values() for k in ("question", "answer") if k in e]
+    for hints in (False, True):
+        out = tmp_path / f"bundle-{hints}"
+        starter.build(out, hints=hints)
+        shipped = "\n".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+        leaked = [s for s in secrets if s in shipped]
+        assert not leaked, leaked[:2]
+        assert "question" not in (out / "catalogue" / "mistakes.toml").read_text()
+        assert "effect" not in (out / "catalogue" / "mistakes.toml").read_text()
+
+
+def test_a_whole_working_folder_grades_like_the_clean_hand_back(tmp_path):
+    import shutil
+
+    from grader.grade import Options, grade
+
+    folder = tmp_path / "folder"
+    starter.build(folder)
+    for name in ("kv_cache.py", "cost.py"):  # the candidate's work; the port and test_mine.py left as stubs
+        shutil.copyfile(starter.KIT / "solutions" / name, folder / name)
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    for name in ("kv_cache.py", "cost.py"):
+        shutil.copyfile(folder / name, clean / name)
+    a, b = (grade(str(p), Options(seed=4, trials=20)) for p in (folder, clean))
+    assert a["status"] == b["status"] == "graded"
+    assert (a["tier"], a["score"], a["mistakes"]) == (b["tier"], b["score"], b["mistakes"]), a["tier_reason"]
+    assert any("set aside" in n and "progress.py" in n for n in a["notes"])
+    assert not any("set aside" in n for n in b["notes"])

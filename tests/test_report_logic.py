@@ -1,0 +1,144 @@
+"""Fast unit tests of the report model, its renderers, the batch summary and resume selection.
+
+No sandbox, no grading: reports are made here by the same functions the grader uses.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from grader import report, summary
+from grader.cli import expand, finished_reports, report_name
+from grader.rubric import TIERS, load
+
+RUBRIC = load()
+
+
+def graded(name: str, tier: str, score: float = 50.0, error: str = "") -> dict:
+    """A graded report as ``grade.build_report`` shapes it (the keys the renderers read)."""
+    crits = [{"id": cid, "title": spec["title"], "status": "pass" if tier == "Strong Hire" else "fail",
+              "points": 0.0, "max_points": float(spec["points"]), "evidence": error or "ok", "mistakes": []}
+             for cid, spec in RUBRIC.criteria.items()]
+    return {"schema": report.SCHEMA, "submission": name, "seed": 1, "status": "graded", "graded": True,
+            "tier": tier, "tier_reason": "because", "score": score, "max_score": RUBRIC.max_score, "criteria": crits,
+            "mistakes": [], "isolation": "namespaces", "duration_s": 1.0, "notes": [], "follow_ups": []}
+
+
+def test_ungraded_reports_have_no_tier_and_say_why():
+    for status in ("not_graded", "grader_error"):
+        r = report.ungraded("alice", 3, RUBRIC, "no kv_cache.py in the submission", status)
+        assert r["status"] == status and r["tier"] is None and r["graded"] is False
+        assert "no kv_cache.py" in r["tier_reason"] and r["score"] == 0.0
+        assert report.headline(r) == {"not_graded": "NOT GRADED", "grader_error": "GRADER ERROR"}[status]
+    with pytest.raises(ValueError, match="status must be"):
+        report.ungraded("alice", 3, RUBRIC, "x", "graded")
+
+
+def test_summary_counts_each_status_apart():
+    reports = [graded("a", "Weak"), graded("b", "Hire"), graded("c", "Strong Hire"),
+               report.ungraded("d", 1, RUBRIC, "no kv_cache.py"),
+               report.ungraded("e", 1, RUBRIC, "boom", "grader_error")]
+    assert summary.tier_counts(reports) == {"Weak": 1, "Hire": 1, "Strong Hire": 1}
+    assert summary.status_counts(reports) == {"graded": 3, "not_graded": 1, "grader_error": 1}
+    text = summary.markdown(reports)
+    assert "3 graded, 1 not graded, 1 grader errors" in text
+    assert "| Weak | 1 | 33% |" in text  # shares over graded submissions only
+    grades = summary.csv_text(reports).splitlines()
+    assert grades[0].startswith("submission,status,tier") and any(",not_graded,," in row for row in grades)
+
+
+def test_not_attempted_counts_neither_for_nor_against_a_rate():
+    a, b = graded("a", "Strong Hire"), graded("b", "Weak")
+    for c in b["criteria"]:
+        if c["id"] == "torch_port":
+            c["status"] = "not_attempted"
+    rates = {cid: (passed, total) for cid, _, passed, total in summary.rates([a, b])}
+    assert rates["torch_port"] == (1, 1)
+
+
+def test_class_audience_never_reads_hiring_words():
+    r = graded("a", "Hire")
+    r["follow_ups"] = [{"mistake": None, "question": "Q?", "answer": "A."}]
+    results = report.gradescope(r, RUBRIC, "class")
+    assert results["output"].startswith("Result: Meets expectations")
+    assert not any(word in json.dumps(results) for word in ("Weak", "Hire", "Q?"))
+    assert "Strong Hire" in report.markdown([graded("s", "Strong Hire")], RUBRIC, "hiring")
+    assert "Exceeds expectations" in report.markdown([graded("s", "Strong Hire")], RUBRIC, "class")
+    assert [RUBRIC.label(t, "hiring") for t in TIERS] == TIERS
+
+
+@pytest.mark.parametrize("hostile", ["[/]", "[bold]x[/bold] [link=file:///etc]y[/link]", "a\nb\x1bc\x9b", "\x1bc"])
+def test_submission_text_is_data_in_every_renderer(hostile):
+    from rich.console import Console
+
+    r = graded(f"sub{hostile}", "Weak", error=f"raised ValueError: {hostile}")
+    r["notes"] = [hostile]
+    console = Console(record=True, width=120, force_terminal=False)
+    report.print_report(r, console)  # no MarkupError
+    shown = console.export_text()
+    assert "\x1b" not in shown and "\x9b" not in shown
+    text = report.markdown([r])
+    control = graded("sub", "Weak", error="raised ValueError: x")
+    control["notes"] = ["x"]
+    benign = report.markdown([control])
+    assert "\x1b" not in text and "\x9b" not in text
+    assert len(text.splitlines()) == len(benign.splitlines())  # the message made no line of its own
+    out = report.gradescope(r, RUBRIC)
+    assert "\x1b" not in json.dumps(out) and "\\n" not in json.dumps([t["output"] for t in out["tests"]])
+
+
+def test_markdown_cannot_forge_a_section():
+    r = graded("x", "Weak", error="oops\n## mallory: Strong Hire\n| a | b |")
+    lines = report.markdown([r]).splitlines()
+    assert [line for line in lines if line.startswith("## ")] == ["## x: Weak (50/100)"]
+
+
+def test_resume_keeps_only_finished_graded_reports(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    paths = [str(tmp_path / n) for n in ("a", "b", "c", "d", "e")]
+    (out / report_name(paths[0])).write_text(json.dumps(graded("a", "Hire")))
+    (out / report_name(paths[1])).write_text(json.dumps(report.ungraded("b", 1, RUBRIC, "no kv_cache.py")))
+    (out / report_name(paths[2])).write_text(json.dumps(report.ungraded("c", 1, RUBRIC, "x", "grader_error")))
+    (out / report_name(paths[3])).write_text('{"schema": "kvkit.report/1", "status": "gra')  # cut short
+    assert set(finished_reports(paths, str(out))) == {paths[0]}
+
+
+def test_a_class_folder_gives_one_row_per_entry(tmp_path):
+    cls = tmp_path / "class"
+    (cls / "alice").mkdir(parents=True)
+    (cls / "bob.py").write_text("x = 1\n")
+    (cls / "carol.zip").write_bytes(b"PK")
+    (cls / "notes.txt").write_text("hello")
+    (cls / ".hidden").write_text("")
+    os.symlink(cls / "alice", cls / "linked")
+    rows = [os.path.basename(p) for p in expand([str(cls)])]
+    assert rows == ["alice", "bob.py", "carol.zip", "linked", "notes.txt"]
+
+
+def test_entries_that_are_not_submissions_are_not_graded(tmp_path):
+    from grader.grade import Options, grade
+
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "linked")
+    for name, why in (("notes.txt", "a submission is"), ("linked", "symbolic link")):
+        r = grade(str(tmp_path / name), Options(seed=1, trials=5))
+        assert r["status"] == "not_graded" and r["tier"] is None and why in r["tier_reason"], r["tier_reason"]
+
+
+def test_every_status_follows_the_schema():
+    import jsonschema
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                           "report.schema.json")) as f:
+        schema = json.load(f)
+    jsonschema.validate(graded("a", "Hire"), schema)
+    for status in ("not_graded", "grader_error"):
+        jsonschema.validate(report.ungraded("b", 1, RUBRIC, "why", status), schema)
+    bad = report.ungraded("b", 1, RUBRIC, "why")
+    bad["tier"] = "Weak"  # a tier without a verdict
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
