@@ -48,6 +48,7 @@ VARIANTS = {
     "modulo_head_mapping": ["modulo_head_mapping"],
     "missing_scale": ["missing_scale"],
     "nan_padding": ["nan_padding"],
+    "length_before_write": ["length_before_write"],
 }
 
 # Mistakes whose planted mutant differs from the correct code in what a test can
@@ -141,26 +142,82 @@ def append_as(mistake_id: str, append, cache, k_new, v_new, n_new):
     return result
 
 
-# One template for every variant, the control included: the variant is a literal
-# in the code, so neither names, closures nor globals tell a mutant from the
-# control; only its behaviour (or reading ``__code__``) does.
-_TEMPLATE = """
-class KVCache(_Base):
-    def append(self, k_new, v_new, n_new):
-        return _append_as({rule!r}, _Base.append, self, k_new, v_new, n_new)
+def _keeper(mistake_id: str, KVCache, gqa_attention):
+    """A suspended generator that holds the variant and the wrapped implementation, and serves calls.
 
-def gqa_attention(q, cache, n_new):
-    return _attention_as({rule!r}, _Base, _attention, q, cache, n_new)
-"""
+    Its locals are reachable only through its frame (``gi_frame``) or the
+    garbage collector, both of which raise audit events: a test that reads them
+    is inspecting, not calling. The proxies below hold nothing but ``send``.
+    """
+    caches, request = {}, (yield None)
+    while True:
+        try:
+            kind, handle, args = request
+            if kind == "new":
+                caches[handle] = KVCache(*args[0], **args[1])
+                result = None
+            elif kind == "append":
+                result = append_as(mistake_id, KVCache.append, caches[handle], *args)
+            elif kind == "attention":
+                q, cache, n_new = args
+                result = attention_as(mistake_id, KVCache, gqa_attention, q, caches[handle], n_new)
+            elif kind == "get":
+                result = getattr(caches[handle], args)
+            elif kind == "set":
+                result = setattr(caches[handle], *args)
+            else:  # "drop"
+                result = caches.pop(handle, None) and None
+            request = yield (True, result)
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller, who raises it
+            request = yield (False, exc)
+
+
+class _Proxy:
+    """The planted ``KVCache``: the same class for every variant, holding only a handle and a channel."""
+
+    __slots__ = ("_kvkit_handle", "_kvkit_send", "__weakref__")
+
+    def __init__(self, *args, **kwargs):
+        object.__setattr__(self, "_kvkit_handle", id(self))
+        object.__setattr__(self, "_kvkit_send", type(self)._kvkit_channel)
+        _call(self._kvkit_send, ("new", self._kvkit_handle, (args, kwargs)))
+
+    def append(self, k_new, v_new, n_new):
+        return _call(self._kvkit_send, ("append", self._kvkit_handle, (k_new, v_new, n_new)))
+
+    def __getattr__(self, name):
+        if name.startswith("_kvkit_"):
+            raise AttributeError(name)
+        return _call(self._kvkit_send, ("get", self._kvkit_handle, name))
+
+    def __setattr__(self, name, value):
+        _call(self._kvkit_send, ("set", self._kvkit_handle, (name, value)))
+
+    def __del__(self):
+        try:
+            _call(self._kvkit_send, ("drop", self._kvkit_handle, None))
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def _call(send, request):
+    ok, result = send(request)
+    if not ok:
+        raise result
+    return result
 
 
 def plant(mistake_id: str, KVCache, gqa_attention):
     """Return ``(KVCache, gqa_attention)`` that make the mistake ``mistake_id``.
 
     ``mistake_id`` is a catalogue id from ``PLANTED``, a key of ``WINDOWS``, or
-    ``CONTROL`` (no change). Every variant is the same code with the variant as
-    a literal; the mutants carry the originals' names, modules and docstrings,
-    so only behaviour tells them apart.
+    ``CONTROL`` (no change). Every variant, the control included, is the same
+    proxy code; the variant and the wrapped implementation live only in a
+    suspended generator's frame (see ``_keeper``), so only behaviour tells a
+    mutant from the control. The proxies carry the originals' names, modules
+    and docstrings.
 
     Raises:
         KeyError: an id with no planted mutant (``kv_repeat``, ``max_len_scan``
@@ -168,10 +225,20 @@ def plant(mistake_id: str, KVCache, gqa_attention):
     """
     if mistake_id not in PLANTED and mistake_id not in WINDOWS and mistake_id != CONTROL:
         raise KeyError(f"no planted mutant for mistake {mistake_id!r}; planted: {', '.join(PLANTED)}")
-    namespace = {"_Base": KVCache, "_attention": gqa_attention, "_append_as": append_as,
-                 "_attention_as": attention_as, "__name__": getattr(KVCache, "__module__", "kv_cache")}
-    exec(compile(_TEMPLATE.format(rule=mistake_id), "<kvkit variant>", "exec"), namespace)  # noqa: S102 - our template
-    cls, fn = namespace["KVCache"], namespace["gqa_attention"]
+    keeper = _keeper(mistake_id, KVCache, gqa_attention)
+    next(keeper)
+    send = keeper.send
+    cls = type(getattr(KVCache, "__name__", "KVCache"), (_Proxy,), {"__slots__": (), "_kvkit_channel": send,
+                                                                  "__doc__": getattr(KVCache, "__doc__", None)})
+    cls.__module__ = getattr(KVCache, "__module__", "kv_cache")
+    cls.__qualname__ = getattr(KVCache, "__qualname__", cls.__name__)
+
+    def attention(q, cache, n_new):
+        handle = object.__getattribute__(cache, "_kvkit_handle") if isinstance(cache, _Proxy) else None
+        if handle is None:
+            raise TypeError(f"cache must be a {cls.__name__} made by this module, got {type(cache).__name__}")
+        return _call(send, ("attention", handle, (q, cache, n_new)))
+
     for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
-        setattr(cls, attr, getattr(KVCache, attr, None))
-    return cls, functools.wraps(gqa_attention)(fn)
+        setattr(attention, attr, getattr(gqa_attention, attr, None))
+    return cls, attention

@@ -54,12 +54,25 @@ def expand(paths: list[str]) -> list[str]:
     """
     found = []
     for path in paths:
-        if os.path.isdir(path) and not os.path.islink(path) and not os.path.exists(os.path.join(path, "kv_cache.py")) \
-                and not any(n.endswith(".ipynb") for n in os.listdir(path)):
+        if os.path.isdir(path) and not os.path.islink(path) and _is_class(path):
             found += sorted(os.path.join(path, n) for n in os.listdir(path) if not n.startswith("."))
         else:
             found.append(path)
     return found
+
+
+# Files that only a submission holds: a folder with one of them (and no kv_cache.py) is a submission
+# whose kv_cache.py is missing, not a class.
+SUBMISSION_FILES = ("cost.py", "kv_cache_torch.py", "conftest.py")
+
+
+def _is_class(path: str) -> bool:
+    """A folder is a class of submissions unless it is one itself (kv_cache.py, a notebook, or files only a
+    submission holds), or holds nothing to grade."""
+    names = [n for n in os.listdir(path) if not n.startswith(".")]
+    if not names or "kv_cache.py" in names or any(n.endswith(".ipynb") for n in names):
+        return False
+    return not any(n in SUBMISSION_FILES or (n.startswith("test_") and n.endswith(".py")) for n in names)
 
 
 def _grade_one(path: str, options: Options) -> dict:
@@ -108,7 +121,8 @@ def report_name(path: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    paths = expand(args.submissions) if args.submissions else expand([EXAMPLES])
+    paths = expand(args.submissions) if args.submissions else \
+        [p for p in expand([EXAMPLES]) if os.path.isdir(p)]  # the bundled examples: one folder each
     missing = [p for p in paths if not os.path.lexists(p)]
     if missing:
         print(f"kvkit grade: no such submission: {', '.join(missing)}", file=sys.stderr)

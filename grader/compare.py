@@ -25,8 +25,16 @@ TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 
 def step_kinds(trial: Trial) -> list[str]:
     """The kind of each step of ``trial`` (see the module docstring)."""
-    kinds, lens = [], np.zeros(trial.B, dtype=np.int64)
+    kinds, lens, overflowed = [], np.zeros(trial.B, dtype=np.int64), False
     for step in trial.steps:
+        if step.overflow:
+            kinds.append("overflow")  # changes nothing
+            overflowed = True
+            continue
+        if overflowed:
+            kinds.append("after_overflow")  # judged with the overflow: it shows whether the state changed
+            lens = lens + step.n_new
+            continue
         n, T = step.n_new, step.q.shape[2]
         before, lens = lens, lens + n
         uniform = trial.B > 0 and T > 0 and (n == T).all() and (before == before[0]).all()
@@ -57,6 +65,9 @@ def expected_outputs(trials: list[Trial]) -> list[list[np.ndarray]]:
         history = ReferenceHistory(trial.B, trial.Hkv, trial.d)
         per_step = []
         for step in trial.steps:
+            if step.overflow:
+                per_step.append(None)  # must raise and change nothing: no output
+                continue
             history.append(step.k_new, step.v_new, step.n_new)
             per_step.append(history.expected(step.q, step.n_new))
         expected.append(per_step)
@@ -105,12 +116,32 @@ def compare(trials: list[Trial], records: list, outputs: list, expected: list) -
     for trial, steps_rec, steps_out, steps_exp in zip(trials, records, outputs, expected):
         kinds = step_kinds(trial)
         tol = TOLERANCE.get(trial.dtype, 1e-5)
+        # Steps may be left out only after an append (or the constructor) raised: the trial's history
+        # is then unknown. Any other gap is the child's answer missing, and counts against it.
+        stopped = False
         for i, step in enumerate(trial.steps):
             verdict = StepVerdict(trial, i, kinds[i], "not_run")
             result.steps.append(verdict)
             record = steps_rec[i] if i < len(steps_rec) else None
             if not isinstance(record, dict):
-                verdict.detail = "not run: an earlier append in this trial failed"
+                if stopped:
+                    verdict.detail = "not run: an earlier append in this trial failed"
+                else:
+                    verdict.status = "bad_output"
+                    verdict.detail = "no answer for this step (the trial stopped without a failed append)"
+                continue
+            if record.get("stage") in ("init", "append"):
+                stopped = True
+            if step.overflow:
+                error = record.get("error") if record.get("stage") == "overflow" else None
+                verdict.error = error or {}
+                if not isinstance(error, dict):
+                    verdict.status, verdict.detail = "wrong", "an append past max_len raised nothing"
+                elif not error.get("value_error"):
+                    verdict.status = "bad_output"
+                    verdict.detail = f"an append past max_len raised {error.get('type')}, not ValueError"
+                else:
+                    verdict.status = "ok"
                 continue
             if record.get("stage") in ("init", "append", "attention"):
                 verdict.status, verdict.error = "raised", record.get("error") or {}

@@ -40,6 +40,8 @@ def _matches(trial: Trial, got: list, want: list) -> bool:
     tol = MATCH_TOLERANCE.get(trial.dtype, 1e-4)
     compared = False
     for step, g, w in zip(trial.steps, got, want):
+        if step.overflow:
+            continue  # no output: its effect shows in the steps after it
         if g is None or w is None:
             return False
         real = np.broadcast_to((np.arange(g.shape[2])[None, :] < step.n_new[:, None])[:, None, :, None], g.shape)

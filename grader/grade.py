@@ -111,7 +111,7 @@ def _probe_runs(session, backend: str, plan) -> dict:
     """``{purpose: [(probe, task, expected), ...]}`` for one session's probes."""
     runs: dict = {}
     for probe in plan.probes:
-        task = session.tasks.get(f"{backend}:{probe.name}") if session else None
+        task = session.tasks.get(run_mod.probe_task(plan, backend, probe.name)) if session else None
         runs.setdefault(probe.purpose, []).append((probe, task, run_mod.expected_probe_output(probe.config)))
     return runs
 
@@ -130,7 +130,7 @@ def _measured_criteria(runs: dict, explain: list) -> dict:
 
 def _trials_section(session, backend: str, trials, expected):
     """``(answer, comparison, outputs)`` of a session's trials task, or ``(None, reason, None)``."""
-    task = session.tasks.get(f"{backend}:trials")
+    task = session.tasks.get(f"{backend}:0")
     if task is None or task.answer is None:
         why = (task.why() if task else "") or session.reason or "the trials did not run"
         return None, why, None
@@ -159,8 +159,8 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
     crits = _correctness_criteria(comparison)
     named = _name_mistakes(crits, comparison, _outputs_by_trial(trials, outputs))
     measured = _measured_criteria(_probe_runs(session, "torch", plan), [])
-    overflow = criteria_mod.overflow(answer.get("overflow"))
-    notes = [f"port: {n}" for n in overflow.notes]
+    overflow = criteria_mod.overflow_from_trials(comparison)
+    notes = []
     for crit in [*measured.values(), overflow]:
         named.update({m: crit.evidence for m in crit.mistakes})
     failed = [c for c in [*crits.values(), *measured.values(), overflow]
@@ -258,11 +258,11 @@ def _evaluate(name, options, level, started, plan, sessions, answer, comparison,
     explain = [f"in-process: K/V buffers replaced by new objects in {len({s.trial.name for s in moved})} "
                "hidden trials"] if moved else []
     criteria.update(_measured_criteria(_probe_runs(session, "numpy", plan), explain))
-    criteria["overflow_atomic"] = criteria_mod.overflow(answer.get("overflow"))
+    criteria["overflow_atomic"] = criteria_mod.overflow_from_trials(comparison)
     criteria["cost_model"] = criteria_mod.cost_model(answer.get("cost") if "cost.py" in files else None,
                                                      expected_costs())
     named = _name_mistakes(criteria, comparison, _outputs_by_trial(trials, outputs))
-    criteria["own_tests"] = owntests.criterion(session, plan.test_files)
+    criteria["own_tests"] = owntests.criterion(session, plan.test_files, plan.own_task)
     port_named = {}
     if "kv_cache_torch.py" in files:
         criteria["torch_port"], port_named, port_notes = _torch_section(sessions.get("torch"), plan,

@@ -29,7 +29,8 @@ def encode(trials: list[Trial]) -> tuple[dict, np.ndarray]:
         spec["trials"].append({
             "name": trial.name, "B": trial.B, "Hkv": trial.Hkv, "G": trial.G, "d": trial.d,
             "max_len": trial.max_len, "dtype": trial.dtype,
-            "steps": [{"k": ref(s.k_new), "v": ref(s.v_new), "q": ref(s.q), "n_new": s.n_new.tolist()}
+            "steps": [{"k": ref(s.k_new), "v": ref(s.v_new), "q": ref(s.q), "n_new": s.n_new.tolist(),
+                       **({"overflow": True} if s.overflow else {})}
                       for s in trial.steps],
         })
     return spec, (np.concatenate(chunks) if chunks else np.zeros(0))

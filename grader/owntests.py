@@ -29,17 +29,21 @@ def _first_failure(run: dict) -> str:
     return f" (first failure: {str(failed[0])[:200]})" if failed else ""
 
 
-def criterion(session, files: list[str]) -> Criterion:
-    """The ``own_tests`` criterion, with its kill matrix as evidence."""
+def criterion(session, files: list[str], task_of=None) -> Criterion:
+    """The ``own_tests`` criterion, with its kill matrix as evidence.
+
+    ``task_of(variant)`` names the (opaque) task that ran ``variant``.
+    """
     if not files:
         return Criterion("own_tests", "not_attempted", "no test_*.py in the submission")
+    task_of = task_of or (lambda v: f"own:{v}")
     runs = {}
     for variant in ["none", mutants.CONTROL, *mutants.PLANTED]:
-        task = session.tasks.get(f"own:{variant}") if session else None
+        task = session.tasks.get(task_of(variant)) if session else None
         if task is not None and task.answer is not None:
             runs[variant] = task.answer
     if "none" not in runs:
-        task = session.tasks.get("own:none") if session else None
+        task = session.tasks.get(task_of("none")) if session else None
         why = (task.why() if task else "") or (session.reason if session else "") or "the test run did not report"
         return Criterion("own_tests", "error", f"own tests could not be run: {why}")
     inspected = sorted({s for r in runs.values() for s in (r.get("inspected") or [])})

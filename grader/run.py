@@ -68,6 +68,23 @@ class Plan:
     cost_calls: list = field(default_factory=list)
     test_files: list = field(default_factory=list)
     preimport: dict = field(default_factory=dict)  # backend -> installed modules to import first
+    own_variants: dict = field(default_factory=dict)  # opaque task name -> own-tests variant (never sent with the job)
+
+    def __post_init__(self):
+        import random
+
+        names = [f"own:{i}" for i in range(len(OWN_VARIANTS))]
+        variants = list(OWN_VARIANTS)
+        random.SystemRandom().shuffle(variants)  # not from the seed: the order must tell a test nothing
+        self.own_variants = dict(zip(names, variants))
+
+    @property
+    def own_order(self) -> list:
+        return list(self.own_variants)
+
+    def own_task(self, variant: str) -> str:
+        """The opaque task name that ran ``variant``."""
+        return next(name for name, v in self.own_variants.items() if v == variant)
 
 
 def _tokens_for(live_bytes: int, kv_heads: int, d: int) -> int:
@@ -209,7 +226,9 @@ def _inputs_dir() -> str:
 
         # Memory-backed where the machine has it: ~300 MiB written per seed, read by every session.
         shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        _INPUTS["dir"] = tempfile.mkdtemp(prefix="kvkit-probe-data-", dir=shm)
+        parent = os.environ.get("KVKIT_PROBE_DATA") or shm or tempfile.gettempdir()
+        _sweep_stale(parent)
+        _INPUTS["dir"] = tempfile.mkdtemp(prefix=f"kvkit-probe-data-{os.getpid()}-", dir=parent)
         os.chmod(_INPUTS["dir"], 0o755)
         atexit.register(launch.remove_tree, _INPUTS["dir"])
         # --jobs workers end without atexit; multiprocessing runs its finalizers there.
@@ -217,6 +236,23 @@ def _inputs_dir() -> str:
 
         util.Finalize(None, launch.remove_tree, args=(_INPUTS["dir"],), exitpriority=10)
     return _INPUTS["dir"]
+
+
+def _sweep_stale(parent: str) -> None:
+    """Remove probe data left by a grader that was killed (its pid, in the folder's name, is gone)."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if name.startswith("kvkit-probe-data-") and len(parts) >= 5 and parts[3].isdigit():
+            try:
+                os.kill(int(parts[3]), 0)
+            except ProcessLookupError:
+                launch.remove_tree(os.path.join(parent, name))
+            except OSError:
+                pass
 
 
 def prefill_files(config: dict) -> tuple[str, str]:
@@ -237,15 +273,37 @@ def prefill_files(config: dict) -> tuple[str, str]:
     return _INPUTS[key]
 
 
+def probe_trial(config: dict) -> dict:
+    """A probe as a trial the child runs with the same code as the hidden ones (only the data differ)."""
+    from grader.child.tasks import TAIL
+
+    Hkv, G, d, seed, total, live = (config[k] for k in ("Hkv", "G", "d", "seed", "total", "live"))
+    steps = [{"file": list(prefill_files(config)), "n_new": [live], "attend": False}]
+    steps += [{"gen": [seed, Hkv, d, total, live + i, 1], "n_new": [1], "attend": False}
+              for i in range(config["appends"])]
+    start = live + config["appends"]
+    steps += [{"gen": [seed, Hkv, d, total, start + i, 1], "q_gen": [seed, Hkv, d, 512, Hkv * G], "n_new": [1]}
+              for i in range(config["decodes"])]
+    trial = {"name": "t", "B": 1, "Hkv": Hkv, "G": G, "d": d, "max_len": config["max_len"], "dtype": "float32",
+             "steps": steps}
+    if not config["decodes"]:
+        trial["tail"] = TAIL
+    return trial
+
+
+def probe_task(plan: "Plan", backend: str, probe_name: str) -> str:
+    """The opaque task name a probe ran under in ``backend``'s session."""
+    return f"{backend}:{[p.name for p in plan.probes].index(probe_name) + 1}"
+
+
 def _session_job(plan: Plan, backend: str, timeout: float) -> dict:
-    tasks = [{"name": f"{backend}:trials", "kind": "trials", "backend": backend, "timeout": timeout}]
+    tasks = [{"name": f"{backend}:0", "kind": "trials", "backend": backend, "timeout": timeout, "checks": True}]
     for probe in plan.probes:
-        k_path, v_path = prefill_files(probe.config)
-        tasks.append({"name": f"{backend}:{probe.name}", "kind": "fill", "backend": backend, "timeout": timeout,
-                      "prefill_k": k_path, "prefill_v": v_path, **probe.config})
+        tasks.append({"name": probe_task(plan, backend, probe.name), "kind": "trials", "backend": backend,
+                      "timeout": timeout, "trials": [probe_trial(probe.config)]})
     if backend == "numpy" and plan.test_files:
-        for variant in OWN_VARIANTS:
-            tasks.append({"name": f"own:{variant}", "kind": "owntests", "variant": variant,
+        for name in plan.own_order:  # opaque names in a random order; the variants stay with the parent
+            tasks.append({"name": name, "kind": "owntests", "secret": True,
                           "files": plan.test_files, "timeout": timeout, "parallel": True})
     preimport = list(plan.preimport.get(backend, [])) + (["torch"] if backend == "torch" else [])
     if backend == "numpy" and plan.test_files:
@@ -280,7 +338,8 @@ def run_sessions(workdir: str, plan: Plan, limits: launch.Limits, isolation, por
                                        file_bytes=limits.file_bytes, processes=limits.processes)
         try:
             results[backend] = launch.run_session(workdir, job, files, session_limits, isolation,
-                                                  shared=[_inputs_dir()], started=started[backend])
+                                                  shared=[_inputs_dir()], started=started[backend],
+                                                  secrets=plan.own_variants if backend == "numpy" else {})
         finally:
             started[backend].set()
 

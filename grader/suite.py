@@ -32,6 +32,7 @@ class Step:
     v_new: np.ndarray
     n_new: np.ndarray
     q: np.ndarray
+    overflow: bool = False  # an append past max_len: it must raise and change nothing; no attention follows
 
 
 @dataclass
@@ -163,6 +164,29 @@ def targeted_trials(seed: int) -> list[Trial]:
     return t
 
 
+def overflow_trials(seed: int) -> list[Trial]:
+    """Appends past ``max_len`` inside trials, each followed by a decode step.
+
+    The cache's state is ``lens`` and each row's live tokens: after a failed
+    append the next decode must give exactly what it gives without that
+    append. So the verdict comes from outputs (a row that claims tokens it
+    never stored reads the wrong keys), never from what the child says.
+    The overflowing row is the last, then the first (rows before it are the
+    ones an eager loop moves).
+    """
+    rng = np.random.default_rng([seed, 4])
+    trials = []
+    for name, before, over in (("overflow-last-row", [3, 6], [2, 3]), ("overflow-first-row", [7, 1], [2, 2])):
+        trial = build(name, "targeted", rng, 2, 2, 2, 4, [[before[0], 0], [0, before[1]]], max_len=8, T=[8, 8])
+        # The overflowing append: T = max(over), wider than the space left in the row that overflows.
+        step = _step(rng, 2, 2, 2, 4, over, max(over), "float64")
+        step.overflow = True
+        trial.steps.append(step)
+        trial.steps.append(_step(rng, 2, 2, 2, 4, [1, 1], 1, "float64"))
+        trials.append(trial)
+    return trials
+
+
 def small_cases(seed: int) -> list[Trial]:
     """Tiny configurations, smallest first (rows x heads x tokens), for the smallest failing case."""
     rng = np.random.default_rng([seed, 3])
@@ -186,4 +210,4 @@ def small_cases(seed: int) -> list[Trial]:
 
 def hidden_suite(seed: int, count: int = 200) -> list[Trial]:
     """Every trial the grader runs: random, targeted and small cases."""
-    return random_trials(seed, count) + targeted_trials(seed) + small_cases(seed)
+    return random_trials(seed, count) + targeted_trials(seed) + overflow_trials(seed) + small_cases(seed)

@@ -131,13 +131,14 @@ def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("attacks")
     scratch = root / "tmp"  # the grader's own temporary files, and nothing else, go here
     scratch.mkdir()
-    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    data = root / "probe-data"  # where the grader writes the probes' inputs (else /dev/shm)
+    data.mkdir()
     paths = []
     for name, (files, _) in CASES.items():
         _write(str(root / name), files)
         paths.append(str(root / name))
     out = root / "out"
-    env = {**os.environ, "KVKIT_SANDBOX_MEMORY_MB": "2048", "TMPDIR": str(scratch)}
+    env = {**os.environ, "KVKIT_SANDBOX_MEMORY_MB": "2048", "TMPDIR": str(scratch), "KVKIT_PROBE_DATA": str(data)}
     proc = subprocess.run([sys.executable, "-m", "grader", *paths, "--out", str(out), "--quiet", "--jobs", "2",
                            "--timeout", "30", "--trials", "20", "--seed", "7"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -147,9 +148,7 @@ def graded(tmp_path_factory):
             with open(out / name) as f:
                 report = json.load(f)
             reports[report["submission"]] = report
-    left = set(os.listdir(scratch))
-    if os.path.isdir("/dev/shm"):
-        left |= {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("kvkit-")}
+    left = set(os.listdir(scratch)) | set(os.listdir(data))
     return proc, reports, left
 
 

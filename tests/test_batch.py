@@ -113,6 +113,8 @@ def test_batch_kill_and_resume(tmp_path):
     for t, n in want.items():
         assert f"| {t} | {n} |" in summary
     criteria = [r for r in rows if r["section"] == "criterion"]
-    assert len(criteria) >= 10 and all(int(r["total"]) == CLASS_SIZE for r in criteria)
+    assert len(criteria) >= 10 and all(int(r["total"]) <= CLASS_SIZE for r in criteria)
+    hire = {"preallocated_in_place", "no_kv_repeat", "head_mapping", "decode", "full_prefill"}
+    assert all(int(r["total"]) == CLASS_SIZE for r in criteria if r["id"] in hire)  # never optional
     with open(os.path.join(out, "grades.csv")) as f:
         assert len(list(csv.DictReader(f))) == CLASS_SIZE

@@ -61,7 +61,7 @@ def test_reports_follow_the_stable_schema(example_reports):
         jsonschema.validate(report, REPORT_SCHEMA)
         assert report["seed"] == SEED
         assert report["score"] == sum(c["points"] for c in report["criteria"])
-        assert report["duration_s"] < 60
+        assert report["duration_s"] < 180  # a sanity bound on a shared machine; kvkit bench measures speed
     assert "| strong\\_hire | Strong Hire |" in markdown
 
 

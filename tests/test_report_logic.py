@@ -142,3 +142,14 @@ def test_every_status_follows_the_schema():
     bad["tier"] = "Weak"  # a tier without a verdict
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+def test_a_folder_that_is_one_submission_is_not_split(tmp_path):
+    misnamed = tmp_path / "misnamed"
+    misnamed.mkdir()
+    for name in ("kvcache.py", "cost.py", "test_kv_cache.py"):
+        (misnamed / name).write_text("x = 1\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert expand([str(misnamed)]) == [str(misnamed)]  # one row: a submission without kv_cache.py
+    assert expand([str(empty)]) == [str(empty)]

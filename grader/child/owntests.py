@@ -1,13 +1,15 @@
 """The candidate's own tests, in one fresh process per variant (runs INSIDE the sandbox).
 
-The parent names the variant; this process applies it before any test file is
-imported: ``none`` is the submission as it is, every other variant (the control
-``identity`` and each planted mistake) is the same generated wrapper code from
-``mutants.py`` with the variant as a literal. Nothing in the process names the
-variant where a test could read it without inspecting code or frames, and a
-test that does inspect (``__code__``, frames, ``sys._getframe``, ``gc``, the
-submission's source as text) is recorded here by an audit hook: the parent
-fails the criterion, saying which test did what. Honest tests never need those.
+The parent chooses the variant and hands it over only after this process is
+forked, through a pipe of its own (the zygote and the other task processes
+never know which task runs which variant, and the order is random). ``none``
+is the submission as it is; every other variant (the control ``identity`` and
+each planted mistake) is the same proxy code from ``mutants.py``, with the
+variant and the wrapped implementation held in a suspended generator's frame.
+An audit hook, installed before any submission file is loaded, records code
+of the submission that inspects instead of calling (frames, ``__code__``,
+``gc``, the implementation's source opened as text): the parent fails the
+criterion, saying which file did what. Honest tests never need those.
 """
 from __future__ import annotations
 
@@ -18,26 +20,34 @@ import types
 
 INSPECTING = {"sys._getframe", "gc.get_referrers", "gc.get_referents", "gc.get_objects"}
 FRAME_ATTRS = {"__code__", "tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "gi_code", "cr_code"}
+# Standard tools that read frames or code on their caller's behalf: a call through them counts as the caller's.
+PASS_THROUGH = ("inspect.py", "dis.py", "traceback.py")
 
 
 class _Watch:
-    """An audit hook that records inspection done by the submission's test files."""
+    """An audit hook that records inspection done by the submission's own files.
 
-    def __init__(self, test_files: list[str], impl_files: list[str]):
-        self.tests = {os.path.realpath(p) for p in test_files}
+    Installed before any submission file is loaded. An inspecting event
+    (frames, code, the garbage collector) counts when the first frame outside
+    ``PASS_THROUGH`` that raised it is a file of the submission; opening an
+    implementation file as text counts when a submission file is on the stack
+    and the import system is not.
+    """
+
+    def __init__(self, workdir: str, impl_files: list[str]):
+        self.root = os.path.realpath(workdir) + os.sep
         self.impl = {os.path.realpath(p) for p in impl_files}
         self.seen: list[str] = []
         self.busy = False
 
-    def _test_frame(self, direct_only: bool):
-        frame = sys._getframe(2)
-        while frame is not None:
-            if os.path.realpath(frame.f_code.co_filename) in self.tests:
-                return frame
-            if direct_only:
-                return None
+    def _mine(self, filename: str) -> bool:
+        return os.path.realpath(filename).startswith(self.root)
+
+    def _culprit(self, frame):
+        """The submission frame that asked, seen from the innermost frame of the event."""
+        while frame is not None and os.path.basename(frame.f_code.co_filename) in PASS_THROUGH:
             frame = frame.f_back
-        return None
+        return frame if frame is not None and self._mine(frame.f_code.co_filename) else None
 
     def __call__(self, event: str, args) -> None:
         if self.busy or len(self.seen) >= 20:
@@ -46,21 +56,23 @@ class _Watch:
             return
         self.busy = True
         try:
-            what = None
+            what, frame = None, None
+            inner = sys._getframe(1)
             if event in INSPECTING:
-                frame = self._test_frame(direct_only=True)
-                what = event if frame else None
+                frame = self._culprit(inner)
+                what = event
             elif event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRS:
-                frame = self._test_frame(direct_only=True)
-                what = f"reads .{args[1]}" if frame else None
+                frame = self._culprit(inner)
+                what = f"reads .{args[1]}"
             elif event == "open" and args and isinstance(args[0], (str, bytes)):
                 path = os.path.realpath(os.fsdecode(args[0]))
                 if path in self.impl:
-                    frame = self._test_frame(direct_only=False)
-                    importing = frame is not None and any(
-                        "importlib" in (f.f_code.co_filename or "") for f in _stack(sys._getframe(1)))
-                    what = f"opens {os.path.basename(path)} as a file" if frame and not importing else None
-            if what:
+                    stack = list(_stack(inner))
+                    frame = next((f for f in stack if self._mine(f.f_code.co_filename)), None)
+                    if any("importlib" in (f.f_code.co_filename or "") for f in stack):
+                        frame = None
+                    what = f"opens {os.path.basename(path)} as a file"
+            if frame is not None and what:
                 self.seen.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} {what}")
         finally:
             self.busy = False
@@ -72,36 +84,49 @@ def _stack(frame):
         frame = frame.f_back
 
 
-def _wrapped_module(original, mutants, variant: str):
-    """A module like ``original`` with KVCache and gqa_attention replaced by the variant's wrapper."""
+def _wrapped_module(original, plant, variant: str):
+    """A module like ``original`` with KVCache and gqa_attention replaced by the variant's proxies."""
     shim = types.ModuleType("kv_cache")
     shim.__dict__.update({k: v for k, v in vars(original).items() if not k.startswith("__")})
-    shim.KVCache, shim.gqa_attention = mutants.plant(variant, original.KVCache, original.gqa_attention)
+    shim.KVCache, shim.gqa_attention = plant(variant, original.KVCache, original.gqa_attention)
     shim.__file__ = original.__file__
     return shim
 
 
+def _read_secret(fd: int) -> str:
+    data = b""
+    while True:
+        chunk = os.read(fd, 256)
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    return data.decode()
+
+
 def run(task: dict, job: dict) -> dict:
-    """Apply ``task["variant"]``, run pytest on the test files, return ``{"exit", "failed", "inspected"}``."""
+    """Apply the variant the parent hands over, run pytest on the test files: ``{"exit", "failed", "inspected"}``.
+
+    Order matters: the audit hook first, then the variant (read from a pipe
+    only this process holds), then the submission's files; the variant is
+    then kept only inside the planted proxies.
+    """
     tasks = sys.modules["_kvkit_tasks"]
     workdir = os.getcwd()
+    watch = _Watch(workdir, [os.path.join(workdir, n) for n in ("kv_cache.py", "kv_cache_torch.py")])
+    sys.addaudithook(watch)
     tasks.submission_on_path(workdir)
     import pytest
 
     files = list(task["files"])
+    secret_fd = task.get("secret_fd")
+    del task
     try:
         original = tasks.load_file("kv_cache", os.path.join(workdir, "kv_cache.py"))
-        if task["variant"] != "none":
-            mutants = tasks.load_file("_kvkit_mutants", os.path.join(os.path.dirname(tasks.__file__), "mutants.py"))
-            sys.modules["kv_cache"] = _wrapped_module(original, mutants, task["variant"])
-            del sys.modules["_kvkit_mutants"]
-            del mutants
+        if _install(tasks, original, secret_fd) is None:
+            return {"exit": -1, "error": "no variant was handed over"}
     except BaseException as exc:  # noqa: BLE001
-        return {"exit": -1, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-    del task  # nothing in this frame names the variant from here on
-    watch = _Watch([os.path.join(workdir, f) for f in files],
-                   [os.path.join(workdir, n) for n in ("kv_cache.py", "kv_cache_torch.py")])
-    sys.addaudithook(watch)
+        return {"exit": -1, "error": f"{type(exc).__name__}: {str(exc)[:200]}", "inspected": list(watch.seen)}
     out = io.StringIO()
     saved = sys.stdout, sys.stderr
     sys.stdout = sys.stderr = out
@@ -116,3 +141,15 @@ def run(task: dict, job: dict) -> dict:
     text = out.getvalue()
     failed = [line[len("FAILED "):].strip()[:200] for line in text.splitlines() if line.startswith("FAILED ")]
     return {"exit": int(code), "failed": failed[:3], "inspected": list(watch.seen), "tail": text[-400:]}
+
+
+def _install(tasks, original, secret_fd):
+    """Read the variant and put the planted module in place; returns None when no variant came."""
+    variant = _read_secret(secret_fd) if secret_fd is not None else ""
+    if not variant:
+        return None
+    if variant != "none":
+        mutants = tasks.load_file("_kvkit_mutants", os.path.join(os.path.dirname(tasks.__file__), "mutants.py"))
+        sys.modules["kv_cache"] = _wrapped_module(original, mutants.plant, variant)
+        del sys.modules["_kvkit_mutants"]
+    return True

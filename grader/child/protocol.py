@@ -20,8 +20,8 @@ JOB_DATA = "data.npy"
 ZYGOTE = "zygote.py"
 CHILD_FILES = ("protocol.py", "zygote.py", "tasks.py", "owntests.py", "mutants.py")
 
-# The zygote gets two descriptors on its command line: it writes frames to the first and
-# reads one byte per task ("g": go) from the second.
+# The zygote gets two descriptors on its command line: it writes frames to the first and reads
+# the parent's frames ({"go": true} before each task, {"secret": ...} when it asks) from the second.
 
 # Bounds on what the parent reads: a frame past them ends the session as malformed.
 JSON_LIMIT = 2 * 2**20  # bytes of one frame's JSON
@@ -63,7 +63,7 @@ def decode(buffer: bytes, json_limit: int = JSON_LIMIT, blob_limit: int = BLOB_L
     end = _HEADER.size + n_json + n_blob
     if len(buffer) < end:
         return None, b"", buffer
-    obj = json.loads(buffer[_HEADER.size:_HEADER.size + n_json])
+    obj = json.loads(bytes(buffer[_HEADER.size:_HEADER.size + n_json]))
     if not isinstance(obj, dict):
         raise ValueError("a frame whose JSON is not an object")
-    return obj, bytes(buffer[_HEADER.size + n_json:end]), buffer[end:]
+    return obj, bytes(buffer[_HEADER.size + n_json:end]), memoryview(buffer)[end:]

@@ -8,12 +8,13 @@ writes one frame to its answer pipe. It judges nothing: the parent compares
 every output with its oracle and takes every measurement from the kernel.
 
 Kinds:
-* ``trials``: the hidden trials (outputs as one float64 blob), the overflow
-  case, bad inputs and the cost calls.
-* ``fill``: a cache filled to a realistic live length at a real checkpoint's
-  layout, then ``appends`` one-token appends and ``decodes`` decode steps; the
-  parent measures the process's memory and CPU time from outside and checks the
-  last output against its own computation (:func:`probe_tokens` makes the data).
+* ``trials``: trials (outputs as one float64 blob); with ``checks``, also the
+  bad inputs and the cost calls.
+  The probes are trials too, run by the same code: a cache filled to a
+  realistic live length at a real checkpoint's layout by one prefill append,
+  then one-token appends and decode steps; the parent measures the process's
+  memory and CPU time from outside and checks the last output against its own
+  computation (:func:`probe_tokens` makes the data).
 
 The same trial runner serves in-process checks (the notebook, the learner's
 steps), where the code under test is the learner's own.
@@ -100,15 +101,27 @@ def run_trials(module, trials: list, data, to_backend=None, from_backend=None):
             continue
         buffers = (getattr(cache, "k", None), getattr(cache, "v", None))
         for step in trial["steps"]:
-            k = to_backend(_array(data, step["k"], dtype), dtype)
-            v = to_backend(_array(data, step["v"], dtype), dtype)
-            q = to_backend(_array(data, step["q"], dtype), dtype)
+            k, v, q, T = _step_inputs(step, data, dtype)
+            k, v = to_backend(k, dtype), to_backend(v, dtype)
+            q = to_backend(q, dtype) if q is not None else None
             n_new = to_backend(np.asarray(step["n_new"], dtype=np.int64), "int64")
+            if step.get("overflow"):
+                # Past max_len: it must raise; the steps after it show whether anything changed.
+                try:
+                    cache.append(k, v, n_new)
+                    steps.append({"stage": "overflow", "error": None})
+                except BaseException as exc:  # noqa: BLE001
+                    steps.append({"stage": "overflow", "error": _error(exc)})
+                continue
             try:
                 cache.append(k, v, n_new)
             except BaseException as exc:  # noqa: BLE001
                 steps.append({"stage": "append", "error": _error(exc)})
                 break  # the cache no longer matches the history: stop this trial
+            del k, v
+            if q is None:  # an append alone (a probe's prefill): inside the contract, no attention
+                steps.append({"stage": "appended"})
+                continue
             # Identity explains a finding; it never decides one (the memory probes do).
             moved = getattr(cache, "k", None) is not buffers[0] or getattr(cache, "v", None) is not buffers[1]
             try:
@@ -119,12 +132,40 @@ def run_trials(module, trials: list, data, to_backend=None, from_backend=None):
                 continue
             record = {"stage": "ok", "type": str(type(out).__name__)[:80], "shape": list(arr.shape)[:8],
                       "dtype": str(arr.dtype)[:40], "buffers_moved": bool(moved)}
-            expected_shape = [trial["B"], trial["Hkv"] * trial["G"], step["q"][1][2], trial["d"]]
+            expected_shape = [trial["B"], trial["Hkv"] * trial["G"], T, trial["d"]]
             if list(arr.shape) == expected_shape and arr.dtype.kind in "fiu":
                 outputs.append(arr.astype(np.float64).ravel())
                 record["stored"] = True
             steps.append(record)
+        if trial.get("tail") and steps and steps[-1].get("stage") in ("ok", "appended"):
+            # The last keys row 0 stored, sliced before any copy: what an append-only run answers.
+            end = sum(int(s["n_new"][0]) for s in trial["steps"])
+            stored = np.asarray(from_backend(cache.k[0:1, :, end - trial["tail"]:end]), dtype=np.float64)
+            outputs.append(stored.ravel())
+            steps.append({"stage": "tail", "stored": True})
     return records, outputs
+
+
+def _step_inputs(step: dict, data, dtype):
+    """``(k_new, v_new, q or None, T)`` of one step, from wherever the job keeps them.
+
+    Refs into the job's flat data (the hidden trials), copy-on-write maps of
+    files the parent wrote (a probe's prefill: their pages are the parent's,
+    so the sandbox's memory figure holds the cache, not the inputs), or tokens
+    made from a seed (a probe's appends and queries).
+    """
+    import numpy as np
+
+    if "file" in step:
+        k, v = (np.load(path, mmap_mode="c", allow_pickle=False) for path in step["file"])
+    elif "gen" in step:
+        k, v = probe_tokens(*step["gen"])
+    else:
+        k, v = _array(data, step["k"], dtype), _array(data, step["v"], dtype)
+    if step.get("attend") is False:
+        return k, v, None, k.shape[2]
+    q = probe_parts(*step["q_gen"])[2] if "q_gen" in step else _array(data, step["q"], dtype)
+    return k, v, q, q.shape[2]
 
 
 def probe_overflow(mod):
@@ -314,52 +355,6 @@ def _probe_parts(seed, kv_heads, head_dim, period, q_heads):
     return k_base, v_base, q
 
 
-def fill_and_decode(mod, task: dict, to_backend, from_backend):
-    """Fill a cache to ``live`` tokens, then ``appends`` one-token appends, then ``decodes`` decode steps.
-
-    The cache is filled by one prefill append of ``live`` tokens into the empty
-    cache (a submission that refuses chunked prefill still takes it), whose
-    inputs are copy-on-write maps of files the parent wrote (``prefill_k``,
-    ``prefill_v``): their pages are the parent's, so the sandbox's memory figure
-    holds the cache, not the inputs. No attention follows the prefill (an
-    append alone is inside the contract); each decode step is an append of one
-    token followed by its own attention. Returns the last decode's output
-    ``[Hq, d]`` (float64) for the parent to check.
-    """
-    import numpy as np
-
-    Hkv, G, d, live = task["Hkv"], task["G"], task["d"], task["live"]
-    appends, decodes, seed = task["appends"], task["decodes"], task["seed"]
-    total = task["total"]  # the sequence the tokens' scales are drawn over (the same with or without appends)
-    cache = mod.KVCache(1, Hkv, task["max_len"], d, dtype=to_backend(None, "float32"))
-
-    def put(start, count):
-        k, v = probe_tokens(seed, Hkv, d, total, start, count)
-        cache.append(to_backend(k, "float32"), to_backend(v, "float32"),
-                     to_backend(np.array([count], dtype=np.int64), "int64"))
-
-    k = np.load(task["prefill_k"], mmap_mode="c", allow_pickle=False)
-    v = np.load(task["prefill_v"], mmap_mode="c", allow_pickle=False)
-    cache.append(to_backend(k, "float32"), to_backend(v, "float32"),
-                 to_backend(np.array([live], dtype=np.int64), "int64"))
-    del k, v
-    for i in range(appends):
-        put(live + i, 1)
-    if not decodes:
-        # Appends only (no attention's memory in the figure): the last tokens stored are the output.
-        stored = from_backend(cache.k[0:1, :, live + appends - TAIL:live + appends])  # slice before any copy
-        tail = np.asarray(stored, dtype=np.float64)[0]
-        return tail.reshape(Hkv * TAIL, d)
-    q = probe_parts(seed, Hkv, d, 512, Hkv * G)[2]
-    out = None
-    for i in range(decodes):
-        put(live + appends + i, 1)
-        out = from_backend(mod.gqa_attention(to_backend(q, "float32"), cache,
-                                             to_backend(np.ones(1, dtype=np.int64), "int64")))
-    arr = np.asarray(out, dtype=np.float64)
-    return arr.reshape(Hkv * G, d) if arr.size == Hkv * G * d else arr.ravel()[:Hkv * G * d]
-
-
 # ---------------------------------------------------------------- serving a task
 
 def prepare(job_dir: str, job: dict) -> None:
@@ -402,12 +397,10 @@ def _trials(task: dict, job: dict):
         answer["import"] = {**_error(exc), "trace": traceback.format_exc()[-600:]}
         return answer, b""
     answer["import"] = None
-    records, outputs = run_trials(mod, job["trials"], _JOB["data"], to_b, from_b)
+    records, outputs = run_trials(mod, task.get("trials") or job["trials"], _JOB["data"], to_b, from_b)
     answer["records"] = records
     blob = np.concatenate(outputs).astype("<f8").tobytes() if outputs else b""
-    facing = mod if task["backend"] == "numpy" else numpy_facing(mod, sys.modules["torch"])
-    _section(answer, "overflow", probe_overflow, facing)
-    if task["backend"] == "numpy":
+    if task.get("checks") and task["backend"] == "numpy":
         _section(answer, "errors", probe_errors, mod)
         if job.get("cost_calls") and os.path.exists("cost.py"):
             try:
@@ -419,24 +412,12 @@ def _trials(task: dict, job: dict):
     return answer, blob
 
 
-def _fill(task: dict, job: dict):
-    mod, (to_b, from_b) = _impl(job, task["backend"])
-    import numpy as np
-
-    to_b = to_b or (lambda a, dtype: np.dtype(dtype) if a is None else a)
-    from_b = from_b or (lambda x: x)
-    out = fill_and_decode(mod, task, to_b, from_b)
-    return {"shape": list(out.shape)}, np.ascontiguousarray(out, dtype="<f8").tobytes()
-
-
 def serve(task: dict, job: dict, fd: int) -> None:
     """Run ``task`` and write its one answer frame to ``fd`` (then the process ends)."""
     protocol = sys.modules["_kvkit_protocol"]
     try:
         if task["kind"] == "trials":
             answer, blob = _trials(task, job)
-        elif task["kind"] == "fill":
-            answer, blob = _fill(task, job)
         elif task["kind"] == "owntests":
             answer, blob = sys.modules["_kvkit_owntests"].run(task, job), b""
         else:

@@ -64,35 +64,94 @@ def _send(obj: dict, blob: bytes = b"") -> None:
     protocol.write_all(FDS["to_parent"], protocol.encode(obj, blob))
 
 
+_INBOX = {"buffer": b""}
+
+
+def _receive() -> dict:
+    """The parent's next frame (``{"go": true}`` or ``{"secret": ...}``); the zygote ends if the parent is gone."""
+    while True:
+        try:
+            obj, _, rest = protocol.decode(_INBOX["buffer"])
+            _INBOX["buffer"] = bytes(rest)
+        except ValueError:
+            os._exit(protocol.EXIT_PARENT_GONE)
+        if obj is not None:
+            return obj
+        try:
+            data = os.read(FDS["from_parent"], 65536)
+        except OSError:
+            data = b""
+        if not data:
+            os._exit(protocol.EXIT_PARENT_GONE)
+        _INBOX["buffer"] += data
+
+
 def _wait_go() -> bool:
+    return bool(_receive().get("go"))
+
+
+def _hand_secret(task: dict, write_fd: int, lock=None) -> None:
+    """Ask the parent for this task's secret (an own-tests variant) and pass it to the task's pipe only.
+
+    The zygote learns it after the fork, so no task process inherits it.
+    """
+    if lock is not None:
+        lock.acquire()
     try:
-        data = os.read(FDS["from_parent"], 1)
+        _send({"ev": "secret", "task": task["name"]})
+        secret = str(_receive().get("secret", ""))
+    finally:
+        if lock is not None:
+            lock.release()
+    try:
+        protocol.write_all(write_fd, secret.encode())
     except OSError:
-        data = b""
-    if data == b"g":
-        return True
-    if not data:
-        os._exit(protocol.EXIT_PARENT_GONE)
-    return False
+        pass
+    os.close(write_fd)
+    del secret
 
 
-def _read_answer(fd: int, pid: int, timeout: float) -> tuple[bytes, str]:
-    """The task's answer bytes and, when it had to be stopped, why."""
+def _read_answer(fd: int, pid: int, timeout: float):
+    """``(answer bytes, why it was stopped, wait4 result or None)``.
+
+    Reading ends when the task's own process has exited (its children may
+    hold the pipe open: they are not waited for), on the timeout, or past the
+    answer's size limit.
+    """
     chunks, size, deadline = [], 0, time.monotonic() + timeout
+    waited = None
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            return b"".join(chunks), "timeout"
-        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-        if not ready:
-            continue
-        data = os.read(fd, 1 << 20)
-        if not data:
-            return b"".join(chunks), ""
-        size += len(data)
-        if size > protocol.ANSWER_LIMIT:
-            return b"", "oversized"
-        chunks.append(data)
+            return b"".join(chunks), "timeout", waited
+        ready, _, _ = select.select([fd], [], [], min(left, 0.1))
+        if ready:
+            data = os.read(fd, 1 << 20)
+            if data:
+                size += len(data)
+                if size > protocol.ANSWER_LIMIT:
+                    return b"", "oversized", waited
+                chunks.append(data)
+                continue
+            if waited is not None:
+                return b"".join(chunks), "", waited
+        if waited is None:
+            done_pid, status, usage = os.wait4(pid, os.WNOHANG)
+            if done_pid:
+                waited = (status, usage)
+                os.set_blocking(fd, False)  # drain what it wrote before it ended, then stop
+                try:
+                    while True:
+                        data = os.read(fd, 1 << 20)
+                        if not data:
+                            break
+                        size += len(data)
+                        if size > protocol.ANSWER_LIMIT:
+                            return b"", "oversized", waited
+                        chunks.append(data)
+                except BlockingIOError:
+                    pass
+                return b"".join(chunks), "", waited
 
 
 def _sweep_leftovers(pid: int) -> None:
@@ -108,9 +167,10 @@ def _sweep_leftovers(pid: int) -> None:
             pass
 
 
-def _fork_task(task: dict, job: dict, tasks):
+def _fork_task(task: dict, job: dict, tasks, lock=None):
     """Fork the task's process; ``(pid, read_fd, rss_kib, started)``."""
     read, write = os.pipe()
+    secret_read, secret_write = os.pipe() if task.get("secret") else (None, None)
     rss = _rss_kib()
     started = time.monotonic()
     pid = os.fork()
@@ -119,17 +179,24 @@ def _fork_task(task: dict, job: dict, tasks):
             os.close(read)
             os.close(FDS["to_parent"])
             os.close(FDS["from_parent"])
+            if secret_write is not None:
+                os.close(secret_write)
+                task = {**task, "secret_fd": secret_read}
             os.setpgid(0, 0)
             tasks.serve(task, job, write)
         finally:
             os._exit(0)
     os.close(write)
+    if secret_write is not None:
+        os.close(secret_read)
+        _hand_secret(task, secret_write, lock)
     return pid, read, rss, started
 
 
-def run_task(task: dict, job: dict, tasks) -> None:
+def run_task(task: dict, job: dict, tasks) -> str:
+    """Run one task; return why it was stopped ("" when it ended by itself)."""
     pid, read, rss, started = _fork_task(task, job, tasks)
-    _finish_task(task, pid, read, rss, started)
+    return _finish_task(task, pid, read, rss, started)
 
 
 def run_parallel(group: list, job: dict, tasks, width: int) -> None:
@@ -145,7 +212,7 @@ def run_parallel(group: list, job: dict, tasks, width: int) -> None:
                 if not pending:
                     return
                 task = pending.pop(0)
-                pid, read, rss, started = _fork_task(task, job, tasks)
+            pid, read, rss, started = _fork_task(task, job, tasks, lock)
             _finish_task(task, pid, read, rss, started, lock)
 
     threads = [threading.Thread(target=worker) for _ in range(max(1, width))]
@@ -155,14 +222,16 @@ def run_parallel(group: list, job: dict, tasks, width: int) -> None:
         t.join()
 
 
-def _finish_task(task, pid, read, rss, started, lock=None) -> None:
-    answer, stopped = _read_answer(read, pid, float(task.get("timeout", 60)))
-    if stopped:
+def _finish_task(task, pid, read, rss, started, lock=None) -> str:
+    answer, stopped, waited = _read_answer(read, pid, float(task.get("timeout", 60)))
+    if waited is None:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    _, status, usage = os.wait4(pid, 0)
+        _, status, usage = os.wait4(pid, 0)
+    else:
+        status, usage = waited
     wall = time.monotonic() - started
     os.close(read)
     if lock is None:
@@ -190,6 +259,7 @@ def _finish_task(task, pid, read, rss, started, lock=None) -> None:
     else:
         with lock:
             _send(done, blob)
+    return stopped
 
 
 def _warm_pytest(job_dir: str) -> None:
@@ -247,7 +317,8 @@ def main(argv: list) -> int:
         _send({"ev": "ready", "task": task["name"]})
         if not _wait_go():
             break
-        run_task(task, job, tasks)
+        if run_task(task, job, tasks) == "timeout":
+            break  # code that hangs once hangs again: the rest would only wait out their timeouts
     else:
         if parallel:
             _send({"ev": "ready", "task": "parallel"})

@@ -302,17 +302,21 @@ class _Channel:
 
     def __init__(self, read_fd: int, write_fd: int):
         self.read_fd, self.write_fd = read_fd, write_fd
-        self.buffer = b""
+        self.buffer = bytearray()
         self.total = 0
 
     def next_frame(self, deadline: float):
         """``(obj, blob)``, or ``(None, why)`` at EOF, on the deadline, or for a malformed frame."""
         while True:
             try:
-                obj, blob, self.buffer = protocol.decode(self.buffer)
+                obj, blob, rest = protocol.decode(self.buffer)
             except ValueError as exc:
                 return None, f"malformed answer from the sandbox ({exc})"
             if obj is not None:
+                consumed = len(self.buffer) - len(rest)
+                if isinstance(rest, memoryview):
+                    rest.release()
+                del self.buffer[:consumed]
                 return obj, blob
             left = deadline - time.monotonic()
             if left <= 0:
@@ -324,11 +328,11 @@ class _Channel:
             if not data:
                 return None, "eof"
             self.total += len(data)
-            self.buffer += data
+            self.buffer += data  # a bytearray grows in place: reading a large frame stays linear
 
-    def go(self) -> bool:
+    def send(self, obj: dict) -> bool:
         try:
-            os.write(self.write_fd, b"g")
+            protocol.write_all(self.write_fd, protocol.encode(obj))
             return True
         except OSError:
             return False
@@ -377,14 +381,17 @@ def _start(command: list[str], workdir: str, job: str, limits: Limits, isolation
 
 
 def run_session(submission_dir: str, job: dict, job_files: dict, limits: Limits, isolation=None,
-                shared: list | None = None, started: threading.Event | None = None) -> SessionResult:
+                shared: list | None = None, started: threading.Event | None = None,
+                secrets: dict | None = None) -> SessionResult:
     """Run ``job["tasks"]`` against the submission laid out in ``submission_dir``.
 
     ``job`` is the JSON spec the zygote reads; ``job_files`` maps extra file
     names of the job folder to their bytes (the trial inputs, the planted
     mistakes); ``shared`` are folders of the parent's the child may read
     (bound read-only: the probes' prefill inputs); ``started`` is set once
-    the child is started (or could not be). ``submission_dir`` is copied, never changed. Returns every
+    the child is started (or could not be); ``secrets`` maps a task's name to
+    what only that task's process may learn, handed over after its fork (the
+    own-tests variants). ``submission_dir`` is copied, never changed. Returns every
     task's :class:`TaskResult`; a session that ends early says why in
     ``reason`` and leaves the tasks it did not reach out of ``tasks``.
     """
@@ -437,7 +444,7 @@ def run_session(submission_dir: str, job: dict, job_files: dict, limits: Limits,
             watchdog = _Watchdog(proc.pid, workdir)
             watchdog.start()
         try:
-            _converse(channel, job, group, limits, result)
+            _converse(channel, job, group, limits, result, secrets or {})
         finally:
             channel.close()
             _killpg(proc.pid)
@@ -476,10 +483,10 @@ def run_session(submission_dir: str, job: dict, job_files: dict, limits: Limits,
         remove_tree(base)
 
 
-def _converse(channel: _Channel, job: dict, group, limits: Limits, result: SessionResult) -> None:
+def _converse(channel: _Channel, job: dict, group, limits: Limits, result: SessionResult, secrets: dict) -> None:
     """The session's dialogue: ready -> (reset the high-water mark) go -> done, per task."""
     deadline = time.monotonic() + limits.wall_s
-    base_usage = 0
+    base_usage = None
     while True:
         obj, blob = channel.next_frame(deadline)
         if obj is None:
@@ -496,8 +503,15 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
         if event == "ready":
             if group is not None:
                 group.reset_peak()
-                base_usage = group.usage()
-            if not channel.go():
+                # The baseline is the fresh sandbox's usage, before any task: memory an earlier task left
+                # behind (shared memory, files in the tmpfs) counts against the next, never as a credit.
+                base_usage = group.usage() if base_usage is None else base_usage
+            if not channel.send({"go": True}):
+                result.reason = "the sandbox stopped listening"
+                return
+        elif event == "secret":
+            # A task's secret (an own-tests variant) goes to the zygote only after that task is forked.
+            if not channel.send({"secret": secrets.get(str(obj.get("task")), "")}):
                 result.reason = "the sandbox stopped listening"
                 return
         elif event == "done":
@@ -510,12 +524,16 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
             except (ValueError, RecursionError) as exc:
                 task.answer, task.answer_error = None, str(exc)
             if group is not None:
-                task.memory_bytes, task.memory_source = max(group.peak() - base_usage, 0), "cgroup"
+                task.memory_bytes, task.memory_source = max(group.peak() - (base_usage or 0), 0), "cgroup"
             else:
                 task.memory_bytes = max(int(obj.get("maxrss_kib") or 0) - int(obj.get("rss_before_kib") or 0), 0) * 1024
                 task.memory_source = "rss"
             result.tasks[name] = task
         elif event == "end":
+            stopped = [t.name for t in result.tasks.values() if t.stopped == "timeout"]
+            if stopped and len(result.tasks) < len(job["tasks"]):
+                result.reason = (f"{stopped[0]} did not finish in time; the tasks after it were not run "
+                                 "(a hang or an endless loop?)")
             return
         else:
             result.reason = "malformed answer from the sandbox (an unknown event)"
