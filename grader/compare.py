@@ -1,13 +1,14 @@
 """Compare a submission's outputs with the oracle, step by step, in the parent.
 
-Each step is classified by what it exercises (SPEC section 5): ``decode`` (T = 1,
-every row one new token, rows of one length), ``full_prefill`` (every row
-receives its whole content in one call, T = S), ``chunked_prefill`` (every row
-receives T > 1 tokens after earlier ones, T < S) and ``ragged`` (anything else:
-rows of different lengths, zero-token rows, padded slots); ``edge`` steps (B = 0,
-T = 0, an all-empty cache) only add notes. Hire's checks use the
-first three, which all have rows that share one length; ``ragged`` is a Strong
-Hire check. Real query slots are compared with the tolerance; padded slots are
+Each step is classified by what it exercises (see docs/contract.md): ``decode``
+(T = 1, every row one new token), ``full_prefill`` (every row receives its
+whole content in one call, T = S), ``chunked_prefill`` (every row receives
+T > 1 tokens after earlier ones, T < S), each only when every row has received
+the same tokens in every call since the cache was empty, and ``ragged``
+(anything else: rows of different lengths now or before, zero-token rows,
+padded slots); ``edge`` steps (B = 0, T = 0, an all-empty cache) only add notes;
+``overflow`` and ``after_overflow`` steps decide the overflow criterion. Hire's
+checks use the first three; ``ragged`` is a Strong Hire check. Real query slots are compared with the tolerance; padded slots are
 checked apart (exactly 0, finite, or not).
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 def step_kinds(trial: Trial) -> list[str]:
     """The kind of each step of ``trial`` (see the module docstring)."""
     kinds, lens, overflowed = [], np.zeros(trial.B, dtype=np.int64), False
+    history_uniform = True  # every call so far gave every row the same number of tokens
     for step in trial.steps:
         if step.overflow:
             kinds.append("overflow")  # changes nothing
@@ -37,7 +39,11 @@ def step_kinds(trial: Trial) -> list[str]:
             continue
         n, T = step.n_new, step.q.shape[2]
         before, lens = lens, lens + n
-        uniform = trial.B > 0 and T > 0 and (n == T).all() and (before == before[0]).all()
+        # Hire's steps: rows that received the same tokens in every call since the cache was empty. Rows
+        # that are equal now after a ragged history are a ragged-rows case (a shared position is right
+        # only while every row has always moved together).
+        uniform = trial.B > 0 and T > 0 and (n == T).all() and history_uniform
+        history_uniform = history_uniform and bool((n == n[0]).all()) if trial.B else history_uniform
         if trial.B == 0 or T == 0 or not lens.any():
             kinds.append("edge")  # B = 0, T = 0, an all-empty cache: notes, not a criterion
         elif not uniform:

@@ -42,6 +42,12 @@ def status_of(report: dict) -> str:
     return "graded" if report.get("tier") and report.get("graded", True) else "not_graded"
 
 
+def reason(report: dict, rubric=None, audience: str = "hiring") -> str:
+    """The tier reason in ``audience``'s words."""
+    text = str(report.get("tier_reason", ""))
+    return rubric.relabel(text, audience) if rubric is not None else text
+
+
 def headline(report: dict, rubric=None, audience: str = "hiring") -> str:
     """The tier as ``audience`` reads it, or NOT GRADED / GRADER ERROR."""
     status = status_of(report)
@@ -108,7 +114,7 @@ def print_report(report: dict, console=None, rubric=None, audience: str = "hirin
                          (title, TIER_STYLE.get(report.get("tier") if status_of(report) == "graded" else "", "bold yellow")),
                          f"  {report['score']:g}/{report['max_score']:g}")
     console.rule(rule)
-    console.print(Text(f"{clean(report.get('tier_reason', ''))} | seed {report['seed']} | {report['duration_s']} s | "
+    console.print(Text(f"{clean(reason(report, rubric, audience))} | seed {report['seed']} | {report['duration_s']} s | "
                        f"isolation: {clean(report['isolation'])}", style="dim"))
     if report.get("error"):
         console.print(Text(clean(report["error"]), style="yellow"))
@@ -144,7 +150,7 @@ def markdown(reports: list[dict], rubric=None, audience: str = "hiring") -> str:
     for r in reports:
         lines += ["", f"## {md(r['submission'], 200)}: {md(headline(r, rubric, audience))} "
                       f"({r['score']:g}/{r['max_score']:g})", "",
-                  f"{md(r.get('tier_reason', ''))}. Seed {r['seed']}, isolation: {md(r['isolation'])}.", "",
+                  f"{md(reason(r, rubric, audience))}. Seed {r['seed']}, isolation: {md(r['isolation'])}.", "",
                   "| criterion | status | points | evidence |", "| --- | --- | --- | --- |"]
         for c in r["criteria"]:
             evidence = md(c["evidence"])
@@ -173,7 +179,7 @@ def gradescope(report: dict, rubric=None, audience: str = "class") -> dict:
               "output": clean(c["evidence"]) + (f" Mistakes: {clean(', '.join(c['mistakes']))}." if c["mistakes"] else ""),
               "visibility": "visible"} for c in report["criteria"]]
     word = "Result" if audience == "class" else "Verdict"
-    output = f"{word}: {headline(report, rubric, audience)}. {clean(report.get('tier_reason', ''))}."
+    output = f"{word}: {headline(report, rubric, audience)}. {clean(reason(report, rubric, audience))}."
     if report.get("smallest_failing"):
         output += f"\nSmallest failing case: {clean(report['smallest_failing'])}"
     if report.get("error"):

@@ -44,6 +44,15 @@ class Rubric:
         """The tier of a submission that meets nothing (the first of ``TIERS``)."""
         return TIERS[0]
 
+    def relabel(self, text: str, audience: str = "hiring") -> str:
+        """``text`` (a tier reason, written with the tier ids) in ``audience``'s words."""
+        import re
+
+        names = self.audiences.get(audience) or self.audiences["hiring"]
+        table = dict(zip(TIERS, names))
+        pattern = "|".join(re.escape(t) for t in sorted(TIERS, key=len, reverse=True))
+        return re.sub(rf"\b({pattern})\b", lambda m: table[m.group(1)], text)
+
     def tier(self, statuses: dict, numpy_mistakes: list, port_mistakes: list) -> tuple[str, str]:
         """``(tier, reason)`` from criterion statuses and the mistakes named in each section."""
         weak = [m for m in numpy_mistakes if m in self.weak_mistakes]

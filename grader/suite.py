@@ -150,6 +150,10 @@ def targeted_trials(seed: int) -> list[Trial]:
         t.append(build(f"{label}-prefill", "targeted", rng, 2, Hkv, G, 16, [[7, 7]]))
         t.append(build(f"{label}-chunked", "targeted", rng, 2, Hkv, G, 16, [[4, 4], [3, 3], [5, 5], [2, 2]]))
     t.append(build("decode-long", "targeted", rng, 1, 2, 2, 8, [[30]] + [[1]] * 3))
+    # Rows that always move together, at several batch sizes: Hire's decode and prefill checks.
+    for B, Hkv, G in ((2, 2, 4), (3, 1, 8), (3, 8, 4)):
+        t.append(build(f"uniform-{B}x{Hkv * G}/{Hkv}", "targeted", rng, B, Hkv, G, 16,
+                       [[9] * B, [1] * B, [1] * B, [4] * B, [1] * B]))
     t.append(build("chunk-after-prefix", "targeted", rng, 1, 1, 2, 4, [[5], [3]]))
     t.append(build("zero-token-rows", "targeted", rng, 3, 2, 2, 8, [[3, 0, 2], [0, 4, 1], [2, 0, 0], [1, 1, 0]]))
     t.append(build("ragged-decode", "targeted", rng, 3, 2, 2, 8, [[9, 2, 5], [1, 1, 1], [1, 1, 1]]))

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
+def quick_run(tmp_path_factory):  # the tests that use it are marked slow: `make test-all` runs them
     """One ``kvkit bench --quick`` in a child process; its exit status, output and JSON."""
     out = tmp_path_factory.mktemp("bench-out")
     json_path = out / "figures.json"
@@ -36,6 +36,7 @@ def quick_run(tmp_path_factory):
     return proc, out, data
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_figure(quick_run):
     proc, out, data = quick_run
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -55,6 +56,7 @@ def test_quick_run_writes_every_figure(quick_run):
     assert set(data["targets"]) == set(bench.TARGETS)
 
 
+@pytest.mark.slow
 def test_quick_run_bytes_copied_match_formula(quick_run):
     _, _, data = quick_run
     assert data["concat_bytes_formula"] == cost.concat_bytes_copied(data["concat_n"], data["concat_bytes_per_token"])

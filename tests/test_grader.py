@@ -32,7 +32,7 @@ def kvkit(*args, timeout=600):
 def example_reports(tmp_path_factory):
     """Every bundled example graded once, through the real command (`kvkit grade` with no SUBMISSION)."""
     out = tmp_path_factory.mktemp("reports")
-    done = kvkit("--seed", str(SEED), "--jobs", "2", "--quiet", "--json", str(out / "all.json"),
+    done = kvkit("--seed", str(SEED), "--jobs", "2", "--quiet", "--trials", "60", "--json", str(out / "all.json"),
                  "--markdown", str(out / "all.md"))
     assert done.returncode == 0, done.stderr[-2000:]
     with open(out / "all.json") as f:
@@ -97,7 +97,7 @@ MEASURED = {"live_length", "no_kv_repeat", "preallocated_in_place", "torch_port"
 
 def test_same_seed_same_report_but_timings(tmp_path):
     sub = os.path.join(EXAMPLES, "chunk_local_mask")
-    a, b = (grade(sub, Options(seed=5, trials=200)) for _ in range(2))
+    a, b = (grade(sub, Options(seed=5, trials=60)) for _ in range(2))
 
     def strip(report):
         report = json.loads(json.dumps(report))
@@ -108,7 +108,7 @@ def test_same_seed_same_report_but_timings(tmp_path):
         return report
 
     assert strip(a) == strip(b)
-    c = grade(sub, Options(seed=6, trials=200))
+    c = grade(sub, Options(seed=6, trials=60))
     assert c["seed"] == 6 and c["tier"] == a["tier"]
 
 
@@ -155,7 +155,7 @@ REFERENCE = open(os.path.join(ROOT, "solutions", "kv_cache.py")).read()
     ("imports_grader", "from grader.oracle import attention_ref\nfrom solutions.kv_cache import *\n", "ModuleNotFoundError"),
 ])
 def test_broken_submissions_get_a_report_with_the_reason(tmp_path, name, source, reason):
-    report = grade(write_submission(tmp_path, name, source), Options(seed=3, trials=200, timeout=60))
+    report = grade(write_submission(tmp_path, name, source), Options(seed=3, trials=60, timeout=60))
     text = json.dumps(report)
     assert reason in text, text[:3000]
     assert report["tier"] == "Weak"
@@ -177,7 +177,7 @@ def test_single_file_and_notebook_submissions(tmp_path):
         archive.write(single, "candidate/kv_cache.py")
         archive.writestr("../escape.py", "print('never extracted')\n")
     for path in (single, notebook, zipped):
-        report = grade(str(path), Options(seed=2, trials=200))
+        report = grade(str(path), Options(seed=2, trials=60))
         assert report["tier"] == "Hire", (path, report["tier_reason"])
     assert not (tmp_path.parent / "escape.py").exists()
 
