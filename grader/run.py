@@ -14,7 +14,7 @@ Probe sizes (float32, d = 128 as in released checkpoints):
 * growth: 300 one-token appends after a prefill of 32,768 tokens at 8/2 (64
   MiB live), so a capacity grown in steps of up to 256 tokens reallocates at
   least once, against the same prefill alone;
-* live length: 48 decode steps at 8,192 live tokens (8/2, d = 64) in a
+* live length: 32 decode steps at 8,192 live tokens (8/2, d = 64) in a
   reservation of the live length and in one 8 times larger.
 Lengths move a few percent with the seed.
 """
@@ -38,7 +38,7 @@ MIB = 2**20
 MEMORY_LAYOUTS = [(64, 8), (16, 2), (8, 1)]  # (Hq, Hkv): G = 8 in each, so a repeat stands far above a copy
 MEMORY_LIVE_BYTES = 64 * MIB
 GROW = {"Hq": 8, "Hkv": 2, "d": 128, "live_bytes": 64 * MIB, "appends": 300}
-SCAN = {"Hq": 8, "Hkv": 2, "d": 64, "live_bytes": 8 * MIB, "decodes": 48, "ratio": 8}
+SCAN = {"Hq": 8, "Hkv": 2, "d": 64, "live_bytes": 8 * MIB, "decodes": 32, "ratio": 8}
 PROBE_D = 128
 OWN_VARIANTS = ["none", mutants.CONTROL] + list(mutants.PLANTED)
 
