@@ -66,8 +66,12 @@ class Rubric:
                           if spec["tier"] == "Strong Hire" and statuses.get(c) != "pass"]
         tier, reason = ("Hire", f"not Strong Hire: not passed: {title(missing_strong)}") if missing_strong \
             else ("Strong Hire", "every Hire and Strong Hire criterion passes")
-        if port_mistakes and TIERS.index(tier) > TIERS.index(self.port_mistake_cap):
-            tier, reason = self.port_mistake_cap, f"capped by the PyTorch port: {', '.join(port_mistakes)}"
+        if port_mistakes:
+            cap = f"port: {', '.join(port_mistakes)} (caps the tier at {self.port_mistake_cap})"
+            if TIERS.index(tier) > TIERS.index(self.port_mistake_cap):
+                tier, reason = self.port_mistake_cap, f"capped by the PyTorch port: {cap}"
+            else:
+                reason += f"; {cap}"
         return tier, reason
 
 

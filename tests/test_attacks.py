@@ -18,6 +18,23 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = open(os.path.join(ROOT, "solutions", "kv_cache.py")).read()
+PORT = open(os.path.join(ROOT, "solutions", "kv_cache_torch.py")).read()
+# The port materialises K/V per query head: with torch (the control), or through NumPy (the attack,
+# out of sight of any torch op watch).
+PORT_REPEAT = '''
+_honest_port_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    G = q.shape[1] // cache.k.shape[1]
+    S = int(cache.lens.max()) if cache.lens.numel() else 0
+    held = [{how} for buf in (cache.k, cache.v)]
+    for h in held:
+        h.sum()
+    return _honest_port_attention(q, cache, n_new)
+'''
+TORCH_REPEAT = "buf[:, :, :S].repeat_interleave(G, dim=1)"
+NUMPY_REPEAT = "torch.from_numpy(__import__('numpy').repeat(buf[:, :, :S].numpy(), G, axis=1))"
 TIERS = {None: -1, "Weak": 0, "Hire": 1, "Strong Hire": 2}
 
 REPEAT = '''
@@ -114,6 +131,11 @@ for _fd in range(3, 64):
     except OSError:
         pass
 '''}, "control_repeat"),
+    "control_port_repeat": ({"kv_cache.py": BASE, "kv_cache_torch.py": PORT + PORT_REPEAT.format(how=TORCH_REPEAT)},
+                            None),
+    "port_repeat_through_numpy": ({"kv_cache.py": BASE,
+                                   "kv_cache_torch.py": PORT + PORT_REPEAT.format(how=NUMPY_REPEAT)},
+                                  "control_port_repeat"),
     "honest_imports_torch_and_matplotlib": ({"kv_cache.py": BASE.replace(
         "import math\n", "import math\n\nimport matplotlib\nimport torch\n", 1)}, None),
 }
@@ -168,6 +190,14 @@ def test_repeat_is_measured_wherever_it_lives(graded, case):
     crit = {c["id"]: c for c in report["criteria"]}["no_kv_repeat"]
     assert crit["status"] == "fail" and "kv_repeat" in report["mistakes"], crit
     assert report["tier"] == "Weak"
+
+
+@pytest.mark.parametrize("case", ["control_port_repeat", "port_repeat_through_numpy"])
+def test_a_port_repeat_is_measured_however_it_is_made(graded, case):
+    report = graded[1][case]
+    port = {c["id"]: c for c in report["criteria"]}["torch_port"]
+    assert port["status"] == "fail" and "kv_repeat" in port["mistakes"], port["evidence"]
+    assert report["tier"] == "Hire" and "port: kv_repeat (caps the tier at Hire)" in report["tier_reason"]
 
 
 @pytest.mark.parametrize("case,file", [("shadow_numpy", "numpy.py"), ("shadow_pytest", "pytest.py")])

@@ -221,8 +221,10 @@ def test_a_whole_working_folder_grades_like_the_clean_hand_back(tmp_path):
     clean.mkdir()
     for name in ("kv_cache.py", "cost.py"):
         shutil.copyfile(folder / name, clean / name)
-    a, b = (grade(str(p), Options(seed=4, trials=20)) for p in (folder, clean))
-    assert a["status"] == b["status"] == "graded"
+    zipped = shutil.make_archive(str(tmp_path / "handback"), "zip", tmp_path, "folder")
+    a, b, z = (grade(str(p), Options(seed=4, trials=20)) for p in (folder, clean, zipped))
+    assert a["status"] == b["status"] == z["status"] == "graded"
     assert (a["tier"], a["score"], a["mistakes"]) == (b["tier"], b["score"], b["mistakes"]), a["tier_reason"]
+    assert (z["tier"], z["score"], z["mistakes"]) == (b["tier"], b["score"], b["mistakes"]), z["tier_reason"]
     assert any("set aside" in n and "progress.py" in n for n in a["notes"])
     assert not any("set aside" in n for n in b["notes"])
