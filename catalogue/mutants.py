@@ -161,6 +161,8 @@ def _keeper(mistake_id: str, KVCache, gqa_attention):
             elif kind == "attention":
                 q, cache, n_new = args
                 result = attention_as(mistake_id, KVCache, gqa_attention, q, caches[handle], n_new)
+                # Every variant hands back a new array: the object a call returns tells nothing.
+                result = np.array(result, copy=True) if isinstance(result, np.ndarray) else result
             elif kind == "get":
                 result = getattr(caches[handle], args)
             elif kind == "set":

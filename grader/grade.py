@@ -212,7 +212,7 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
     iso = options.isolation
     level = iso.level if iso else "process (rlimits, -I -S, private directory)"
     trials = suite.hidden_suite(options.seed, options.trials)
-    plan = run_mod.Plan(trials=trials, probes=run_mod.probes(options.seed),
+    plan = run_mod.Plan(seed=options.seed, trials=trials, probes=run_mod.probes(options.seed),
                         cost_calls=COST_CALLS if "cost.py" in files else [],
                         test_files=owntests.test_files(workdir), preimport=run_mod.preimports(workdir, files))
     limits = launch.Limits(wall_s=options.timeout, cpu_s=int(options.timeout * 2) + 5)

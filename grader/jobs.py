@@ -14,18 +14,36 @@ import numpy as np
 from grader.suite import Trial
 
 
-def encode(trials: list[Trial]) -> tuple[dict, np.ndarray]:
-    """``(spec, data)``: the trials as JSON-able shapes and offsets plus one flat float64 array."""
-    chunks, offset = [], 0
+class Flat:
+    """Arrays laid end to end, one flat array per dtype; ``ref`` gives ``[offset, shape]`` in its dtype's array."""
 
-    def ref(array):
-        nonlocal offset
-        chunks.append(np.asarray(array, dtype=np.float64).ravel())
-        start, offset = offset, offset + array.size
+    def __init__(self):
+        self.chunks = {"float64": [], "float32": []}
+        self.size = {"float64": 0, "float32": 0}
+
+    def ref(self, array, dtype: str) -> list:
+        array = np.asarray(array, dtype=dtype)
+        self.chunks[dtype].append(array.ravel())
+        start = self.size[dtype]
+        self.size[dtype] += array.size
         return [start, list(array.shape)]
 
+    def arrays(self) -> dict:
+        return {d: (np.concatenate(c) if c else np.zeros(0, dtype=d)).astype(d, copy=False)
+                for d, c in self.chunks.items()}
+
+
+def encode(trials: list[Trial], flat: Flat | None = None) -> tuple[dict, dict]:
+    """``(spec, data)``: the trials as JSON-able shapes and offsets, and ``{dtype: flat array}``.
+
+    Every input of a trial lies in the flat array of the trial's dtype, so the
+    child hands the submission views of one mapped array whatever the trial
+    (``flat`` lets the caller add more to the same arrays: the probes).
+    """
+    flat = flat or Flat()
     spec = {"trials": []}
     for trial in trials:
+        ref = lambda array, dtype=trial.dtype: flat.ref(array, dtype)  # noqa: E731
         spec["trials"].append({
             "name": trial.name, "B": trial.B, "Hkv": trial.Hkv, "G": trial.G, "d": trial.d,
             "max_len": trial.max_len, "dtype": trial.dtype,
@@ -33,7 +51,7 @@ def encode(trials: list[Trial]) -> tuple[dict, np.ndarray]:
                        **({"overflow": True} if s.overflow else {})}
                       for s in trial.steps],
         })
-    return spec, (np.concatenate(chunks) if chunks else np.zeros(0))
+    return spec, flat.arrays()
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

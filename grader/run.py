@@ -63,6 +63,7 @@ class Probe:
 class Plan:
     """Everything one submission's sessions will run."""
 
+    seed: int
     trials: list
     probes: list = field(default_factory=list)
     cost_calls: list = field(default_factory=list)
@@ -255,35 +256,53 @@ def _sweep_stale(parent: str) -> None:
                 pass
 
 
-def prefill_files(config: dict) -> tuple[str, str]:
-    """``.npy`` files holding a probe's prefill K and V ``[1, Hkv, live, d]`` (float32), written once."""
-    from grader.child.tasks import probe_tokens
-
-    total = config["total"]
-    key = (config["seed"], config["Hkv"], config["d"], total, config["live"])
+def job_data(plan: "Plan") -> tuple[dict, list, dict]:
+    """``(hidden trials spec, probe trials, {dtype: path})``: every input of every trial, hidden or probe,
+    in one flat file per dtype, written once per seed into the probe-data folder and mapped by the child."""
+    key = (plan.seed, len(plan.trials))
     if key not in _INPUTS:
-        k, v = probe_tokens(config["seed"], config["Hkv"], config["d"], total, 0, config["live"])
-        paths = []
-        for name, array in (("k", k), ("v", v)):
-            path = os.path.join(_inputs_dir(), "-".join(map(str, key)) + f"-{name}.npy")
+        flat = jobs.Flat()
+        spec, _ = jobs.encode(plan.trials, flat)
+        memo: dict = {}
+        probes = {p.name: probe_trial(p.config, flat, memo) for p in plan.probes}
+        paths = {}
+        for dtype, array in flat.arrays().items():
+            path = os.path.join(_inputs_dir(), f"data-{plan.seed}-{len(plan.trials)}-{dtype}.npy")
             np.save(path, array, allow_pickle=False)
             os.chmod(path, 0o644)
-            paths.append(path)
-        _INPUTS[key] = tuple(paths)
+            paths[dtype] = path
+        for old in [k for k in _INPUTS if k != "dir" and k != key]:
+            for path in _INPUTS.pop(old)[2].values():
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+        _INPUTS[key] = (spec, probes, paths)
     return _INPUTS[key]
 
 
-def probe_trial(config: dict) -> dict:
-    """A probe as a trial the child runs with the same code as the hidden ones (only the data differ)."""
-    from grader.child.tasks import TAIL
+def probe_trial(config: dict, flat, memo: dict | None = None) -> dict:
+    """A probe as a trial like the hidden ones: its inputs lie in the same flat float32 array (``flat``,
+    a ``jobs.Flat``), the child runs it with the same code; only the sizes differ."""
+    from grader.child.tasks import TAIL, probe_parts, probe_tokens
 
     Hkv, G, d, seed, total, live = (config[k] for k in ("Hkv", "G", "d", "seed", "total", "live"))
-    steps = [{"file": list(prefill_files(config)), "n_new": [live], "attend": False}]
-    steps += [{"gen": [seed, Hkv, d, total, live + i, 1], "n_new": [1], "attend": False}
-              for i in range(config["appends"])]
-    start = live + config["appends"]
-    steps += [{"gen": [seed, Hkv, d, total, start + i, 1], "q_gen": [seed, Hkv, d, 512, Hkv * G], "n_new": [1]}
-              for i in range(config["decodes"])]
+    memo = {} if memo is None else memo
+    key = (seed, Hkv, d, total, live)
+    if key not in memo:  # probes with the same prefill (with and without appends, small and large reservation)
+        k, v = probe_tokens(seed, Hkv, d, total, 0, live)
+        memo[key] = (flat.ref(k, "float32"), flat.ref(v, "float32"))
+        del k, v
+    steps = [{"k": memo[key][0], "v": memo[key][1], "n_new": [live], "attend": False}]
+    q = probe_parts(seed, Hkv, d, 512, Hkv * G)[2]
+    for i in range(config["appends"] + config["decodes"]):
+        k, v = probe_tokens(seed, Hkv, d, total, live + i, 1)
+        step = {"k": flat.ref(k, "float32"), "v": flat.ref(v, "float32"), "n_new": [1]}
+        if i < config["appends"]:
+            step["attend"] = False
+        else:
+            step["q"] = flat.ref(q, "float32")
+        steps.append(step)
     trial = {"name": "t", "B": 1, "Hkv": Hkv, "G": G, "d": d, "max_len": config["max_len"], "dtype": "float32",
              "steps": steps}
     if not config["decodes"]:
@@ -297,10 +316,11 @@ def probe_task(plan: "Plan", backend: str, probe_name: str) -> str:
 
 
 def _session_job(plan: Plan, backend: str, timeout: float) -> dict:
+    spec, probe_trials, paths = job_data(plan)
     tasks = [{"name": f"{backend}:0", "kind": "trials", "backend": backend, "timeout": timeout, "checks": True}]
     for probe in plan.probes:
         tasks.append({"name": probe_task(plan, backend, probe.name), "kind": "trials", "backend": backend,
-                      "timeout": timeout, "trials": [probe_trial(probe.config)]})
+                      "timeout": timeout, "trials": [probe_trials[probe.name]]})
     if backend == "numpy" and plan.test_files:
         for name in plan.own_order:  # opaque names in a random order; the variants stay with the parent
             tasks.append({"name": name, "kind": "owntests", "secret": True,
@@ -308,7 +328,8 @@ def _session_job(plan: Plan, backend: str, timeout: float) -> dict:
     preimport = list(plan.preimport.get(backend, [])) + (["torch"] if backend == "torch" else [])
     if backend == "numpy" and plan.test_files:
         preimport.append("pytest")
-    return {"tasks": tasks, "preimport": list(dict.fromkeys(preimport)), "width": 2,
+    return {"tasks": tasks, "trials": spec["trials"], "data": paths,
+            "preimport": list(dict.fromkeys(preimport)), "width": 2,
             "cost_calls": plan.cost_calls if backend == "numpy" else []}
 
 
@@ -318,11 +339,9 @@ def run_sessions(workdir: str, plan: Plan, limits: launch.Limits, isolation, por
     ``meanwhile``, a function of no argument, runs in this thread while the
     sessions run (the parent's own oracle work); its result is ``results["meanwhile"]``.
     """
-    for probe in plan.probes:  # written once, before the sessions share them
-        prefill_files(probe.config)
-    spec, data = jobs.encode(plan.trials)
+    job_data(plan)  # written once, before the sessions share it
     with open(mutants.__file__, "rb") as f:
-        files = {"data.npy": jobs.npy_bytes(data), "mutants.py": f.read()}
+        files = {"mutants.py": f.read()}
     import threading
 
     results = {}
@@ -331,7 +350,6 @@ def run_sessions(workdir: str, plan: Plan, limits: launch.Limits, isolation, por
 
     def one(backend):
         job = _session_job(plan, backend, limits.wall_s)
-        job["trials"] = spec["trials"]
         # The whole session's wall time: each task has its own timeout inside it.
         session_limits = launch.Limits(wall_s=limits.wall_s * 3 + 10 * len(job["tasks"]) ** 0.5,
                                        cpu_s=limits.cpu_s * 3, memory_bytes=limits.memory_bytes,

@@ -98,6 +98,26 @@ import kv_cache
 def test_catches_everything():
     assert "_attention_as" not in kv_cache.gqa_attention.__code__.co_names
 '''}, "control_no_tests"),
+    "tests_tell_control_by_identity": ({"kv_cache.py": BASE + '''
+_LAST = []
+_plain_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    out = _plain_attention(q, cache, n_new)
+    _LAST.append(out)
+    return out
+''', "test_mine.py": '''
+import numpy as np
+import kv_cache
+
+
+def test_catches_everything():
+    cache = kv_cache.KVCache(1, 1, 4, 2, dtype=np.float64)
+    cache.append(np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)), np.array([2]))
+    out = kv_cache.gqa_attention(np.ones((1, 1, 2, 2)), cache, np.array([2]))
+    assert out is kv_cache._LAST[-1]  # only the unwrapped submission returns its own object
+'''}, "control_no_tests"),
     "memfd_past_memory_limit": ({"kv_cache.py": weak(before='''
 import os
 fd = os.memfd_create("hog")

@@ -21,7 +21,7 @@ import types
 INSPECTING = {"sys._getframe", "gc.get_referrers", "gc.get_referents", "gc.get_objects"}
 FRAME_ATTRS = {"__code__", "tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "gi_code", "cr_code"}
 # Standard tools that read frames or code on their caller's behalf: a call through them counts as the caller's.
-PASS_THROUGH = ("inspect.py", "dis.py", "traceback.py")
+PASS_THROUGH = ("inspect.py", "dis.py", "traceback.py")  # and the ctypes package
 
 
 class _Watch:
@@ -45,21 +45,22 @@ class _Watch:
 
     def _culprit(self, frame):
         """The submission frame that asked, seen from the innermost frame of the event."""
-        while frame is not None and os.path.basename(frame.f_code.co_filename) in PASS_THROUGH:
+        while frame is not None and (os.path.basename(frame.f_code.co_filename) in PASS_THROUGH
+                                     or f"{os.sep}ctypes{os.sep}" in frame.f_code.co_filename):
             frame = frame.f_back
         return frame if frame is not None and self._mine(frame.f_code.co_filename) else None
 
     def __call__(self, event: str, args) -> None:
         if self.busy or len(self.seen) >= 20:
             return
-        if event not in INSPECTING and event not in ("object.__getattr__", "open"):
+        if event not in INSPECTING and event not in ("object.__getattr__", "open") and not event.startswith("ctypes."):
             return
         self.busy = True
         try:
             what, frame = None, None
             inner = sys._getframe(1)
-            if event in INSPECTING:
-                frame = self._culprit(inner)
+            if event in INSPECTING or event.startswith("ctypes."):
+                frame = self._culprit(inner)  # ctypes: reading memory (or frames) behind Python's back
                 what = event
             elif event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRS:
                 frame = self._culprit(inner)

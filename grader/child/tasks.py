@@ -69,11 +69,14 @@ def submission_on_path(workdir: str) -> None:
 # ---------------------------------------------------------------- the trials
 
 def _array(data, ref, dtype):
+    """A view of ``[offset, shape]`` in the flat array of ``dtype`` (``data`` maps dtype names to flat arrays)."""
+    import numpy as np
+
     offset, shape = ref
     size = 1
     for n in shape:
         size *= n
-    return data[offset:offset + size].reshape(shape).astype(dtype)
+    return np.asarray(data[dtype][offset:offset + size]).reshape(shape)
 
 
 def run_trials(module, trials: list, data, to_backend=None, from_backend=None):
@@ -147,24 +150,16 @@ def run_trials(module, trials: list, data, to_backend=None, from_backend=None):
 
 
 def _step_inputs(step: dict, data, dtype):
-    """``(k_new, v_new, q or None, T)`` of one step, from wherever the job keeps them.
+    """``(k_new, v_new, q or None, T)`` of one step: views of the job's flat arrays, the same for every trial.
 
-    Refs into the job's flat data (the hidden trials), copy-on-write maps of
-    files the parent wrote (a probe's prefill: their pages are the parent's,
-    so the sandbox's memory figure holds the cache, not the inputs), or tokens
-    made from a seed (a probe's appends and queries).
+    The arrays are copy-on-write maps of files the parent wrote (their pages
+    are the parent's, so the sandbox's memory figure holds the cache, not the
+    inputs), and hidden trials and probes alike get views of them.
     """
-    import numpy as np
-
-    if "file" in step:
-        k, v = (np.load(path, mmap_mode="c", allow_pickle=False) for path in step["file"])
-    elif "gen" in step:
-        k, v = probe_tokens(*step["gen"])
-    else:
-        k, v = _array(data, step["k"], dtype), _array(data, step["v"], dtype)
+    k, v = _array(data, step["k"], dtype), _array(data, step["v"], dtype)
     if step.get("attend") is False:
         return k, v, None, k.shape[2]
-    q = probe_parts(*step["q_gen"])[2] if "q_gen" in step else _array(data, step["q"], dtype)
+    q = _array(data, step["q"], dtype)
     return k, v, q, q.shape[2]
 
 
@@ -362,8 +357,8 @@ def prepare(job_dir: str, job: dict) -> None:
     import numpy as np
 
     _JOB["dir"] = job_dir
-    path = os.path.join(job_dir, "data.npy")
-    _JOB["data"] = np.load(path, allow_pickle=False) if os.path.exists(path) else None
+    _JOB["data"] = {dtype: np.load(path, mmap_mode="c", allow_pickle=False)
+                    for dtype, path in (job.get("data") or {}).items()}
 
 
 def _impl(job: dict, backend: str):
