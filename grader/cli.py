@@ -72,7 +72,10 @@ def _is_class(path: str) -> bool:
     names = [n for n in os.listdir(path) if not n.startswith(".")]
     if not names or "kv_cache.py" in names or any(n.endswith(".ipynb") for n in names):
         return False
-    return not any(n in SUBMISSION_FILES or (n.startswith("test_") and n.endswith(".py")) for n in names)
+    if any(n in SUBMISSION_FILES or (n.startswith("test_") and n.endswith(".py")) for n in names):
+        return False
+    # A class holds submissions: folders, .py files or zips. A folder of other files is one bad hand-back.
+    return any(n.endswith((".py", ".zip")) or os.path.isdir(os.path.join(path, n)) for n in names)
 
 
 def _grade_one(path: str, options: Options) -> dict:

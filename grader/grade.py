@@ -116,15 +116,16 @@ def _probe_runs(session, backend: str, plan) -> dict:
     return runs
 
 
-def _measured_criteria(runs: dict, explain: list) -> dict:
-    """The criteria decided by the kernel's figures (memory, CPU time), each probe's output checked."""
+def _measured_criteria(runs: dict, explain: list, decode_ok: bool = True) -> dict:
+    """The criteria decided by the kernel's figures (memory, CPU time), each probe's output checked
+    (unless decode is wrong on the hidden trials too: then a wrong probe output is the same mistake)."""
     scan = {p.name: (p, t, e) for p, t, e in runs.get("scan", [])}
     grow = runs.get("grow", [])
     copy_s = run_mod.copy_seconds(grow[0][0].live_bytes) if grow else 0.0
     return {
         "preallocated_in_place": criteria_mod.in_place(grow, copy_s, explain=explain),
-        "no_kv_repeat": criteria_mod.no_repeat(runs.get("memory", [])),
-        "live_length": criteria_mod.live_length(scan["scan-small"], scan["scan-large"]),
+        "no_kv_repeat": criteria_mod.no_repeat(runs.get("memory", []), decode_ok),
+        "live_length": criteria_mod.live_length(scan["scan-small"], scan["scan-large"], decode_ok),
     }
 
 
@@ -158,7 +159,7 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
         return criteria_mod.Criterion("torch_port", "error", f"kv_cache_torch.py: {comparison}"), {}, []
     crits = _correctness_criteria(comparison)
     named = _name_mistakes(crits, comparison, _outputs_by_trial(trials, outputs))
-    measured = _measured_criteria(_probe_runs(session, "torch", plan), [])
+    measured = _measured_criteria(_probe_runs(session, "torch", plan), [], decode_ok=crits["decode"].status == "pass")
     overflow = criteria_mod.overflow_from_trials(comparison)
     notes = []
     for crit in [*measured.values(), overflow]:
@@ -179,12 +180,18 @@ def _error_report(name, options, reason, started, status: str = "not_graded") ->
     return report_mod.ungraded(name, options.seed, options.rubric, reason, status, started)
 
 
+_SWEPT: list = []
+
+
 def grade(path: str, options: Options | None = None) -> dict:
     """Grade the submission at ``path`` (directory, .zip, .py or .ipynb) and return its report dict."""
     options = options or Options()
     started = time.monotonic()
     name = name_of(path)
-    workdir = tempfile.mkdtemp(prefix="kvkit-sub-")
+    if not _SWEPT:
+        launch.sweep_stale()  # folders of graders that were killed before they could clean up
+        _SWEPT.append(True)
+    workdir = launch.temp_dir("kvkit-sub-")
     try:
         try:
             files = materialize(path, workdir)
@@ -201,8 +208,8 @@ def grade(path: str, options: Options | None = None) -> dict:
         report = _grade_dir(name, workdir, files, options, started)
         if aside:
             report.setdefault("notes", []).insert(
-                0, f"set aside {len(aside)} file(s) of the starter bundle, handed back unchanged: "
-                   + ", ".join(aside[:6]) + (" ..." if len(aside) > 6 else ""))
+                0, f"set aside {len(aside)} file(s) of the starter bundle, handed back unchanged (not graded as "
+                   f"the candidate's work): " + ", ".join(aside))
         return report
     finally:
         launch.remove_tree(workdir)
@@ -257,7 +264,8 @@ def _evaluate(name, options, level, started, plan, sessions, answer, comparison,
     moved = [s for s in comparison.steps if s.buffers_moved]
     explain = [f"in-process: K/V buffers replaced by new objects in {len({s.trial.name for s in moved})} "
                "hidden trials"] if moved else []
-    criteria.update(_measured_criteria(_probe_runs(session, "numpy", plan), explain))
+    criteria.update(_measured_criteria(_probe_runs(session, "numpy", plan), explain,
+                                       decode_ok=criteria["decode"].status == "pass"))
     criteria["overflow_atomic"] = criteria_mod.overflow_from_trials(comparison)
     criteria["cost_model"] = criteria_mod.cost_model(answer.get("cost") if "cost.py" in files else None,
                                                      expected_costs())

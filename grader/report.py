@@ -21,7 +21,7 @@ SCHEMA = "kvkit.report/1"
 STATUSES = ("graded", "not_graded", "grader_error")
 HEADLINE = {"not_graded": "NOT GRADED", "grader_error": "GRADER ERROR"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~])")
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>|#])")  # what could open a link, code, emphasis, HTML or a cell
 
 
 def clean(text, limit: int = 2000) -> str:
@@ -86,6 +86,7 @@ def write_json_atomic(path: str, data) -> None:
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=2)
+    os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is for the course staff to read
     os.replace(tmp, path)
 
 
@@ -95,6 +96,7 @@ def write_text_atomic(path: str, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
@@ -155,7 +157,7 @@ def markdown(reports: list[dict], rubric=None, audience: str = "hiring") -> str:
         for c in r["criteria"]:
             evidence = md(c["evidence"])
             if c["mistakes"]:
-                evidence += f" (**{md(', '.join(c['mistakes']))}**)"
+                evidence += f" (**{md(', '.join(c['mistakes']))}**)"  # catalogue ids, escaped all the same
             lines.append(f"| {md(c['title'])} | {c['status']} | {c['points']:g}/{c['max_points']:g} | {evidence} |")
         if r.get("smallest_failing"):
             lines += ["", f"Smallest failing case: {md(r['smallest_failing'])}"]

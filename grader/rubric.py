@@ -99,7 +99,11 @@ def load(path: str | None = None) -> Rubric:
     cap = tiers.get("port_mistake_cap", "Hire")
     if cap not in TIERS:
         raise RubricError(f"rubric {path}: port_mistake_cap must be one of {TIERS}, got {cap!r}")
-    max_score = float(data.get("max_score", sum(spec["points"] for spec in criteria.values())))
+    total = float(sum(spec["points"] for spec in criteria.values()))
+    max_score = float(data.get("max_score", total))
+    if abs(max_score - total) > 1e-9:
+        raise RubricError(f"rubric {path}: the criteria's points add up to {total:g}, not max_score = {max_score:g}; "
+                          "change one or the other")
     audiences = dict(DEFAULT_AUDIENCES)
     for name, labels in (data.get("audiences") or {}).items():
         if not (isinstance(labels, list) and len(labels) == len(TIERS) and all(isinstance(x, str) for x in labels)):

@@ -228,7 +228,7 @@ def _inputs_dir() -> str:
         # Memory-backed where the machine has it: ~300 MiB written per seed, read by every session.
         shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         parent = os.environ.get("KVKIT_PROBE_DATA") or shm or tempfile.gettempdir()
-        _sweep_stale(parent)
+        launch.sweep_stale(parent)
         _INPUTS["dir"] = tempfile.mkdtemp(prefix=f"kvkit-probe-data-{os.getpid()}-", dir=parent)
         os.chmod(_INPUTS["dir"], 0o755)
         atexit.register(launch.remove_tree, _INPUTS["dir"])
@@ -237,23 +237,6 @@ def _inputs_dir() -> str:
 
         util.Finalize(None, launch.remove_tree, args=(_INPUTS["dir"],), exitpriority=10)
     return _INPUTS["dir"]
-
-
-def _sweep_stale(parent: str) -> None:
-    """Remove probe data left by a grader that was killed (its pid, in the folder's name, is gone)."""
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        parts = name.split("-")
-        if name.startswith("kvkit-probe-data-") and len(parts) >= 5 and parts[3].isdigit():
-            try:
-                os.kill(int(parts[3]), 0)
-            except ProcessLookupError:
-                launch.remove_tree(os.path.join(parent, name))
-            except OSError:
-                pass
 
 
 def job_data(plan: "Plan") -> tuple[dict, list, dict]:

@@ -195,7 +195,7 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
     if _zip_entries(path) > MAX_ZIP_ENTRIES:
         raise SubmissionError(f"{path}: a zip of {_zip_entries(path):,} entries (at most {MAX_ZIP_ENTRIES:,} "
                               "are read); zip only the submission's folder")
-    scratch = tempfile.mkdtemp(prefix="kvkit-zip-")
+    scratch = tempfile.mkdtemp(prefix=f"kvkit-zip-{os.getpid()}-")
     try:
         try:
             archive = zipfile.ZipFile(path)

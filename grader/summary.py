@@ -95,7 +95,7 @@ def markdown(reports: list[dict], elapsed_s: float | None = None, rubric=None, a
     mistakes = mistake_counts(reports)
     if mistakes:
         lines += ["", "| mistake | submissions | share |", "| --- | --- | --- |"]
-        lines += [f"| `{md(m)}` | {c} | {_rate(c, n_graded)} |"
+        lines += [f"| `{m}` | {c} | {_rate(c, n_graded)} |"
                   for m, c in sorted(mistakes.items(), key=lambda kv: (-kv[1], kv[0]))]
     for status, words in (("not_graded", "Not graded (fix the hand-back)"), ("grader_error", "Grader errors")):
         apart = [r for r in reports if status_of(r) == status]
@@ -109,8 +109,8 @@ def markdown(reports: list[dict], elapsed_s: float | None = None, rubric=None, a
     return "\n".join(lines) + "\n"
 
 
-def summary_csv(reports: list[dict]) -> str:
-    """Class-level rows: ``section,id,title,count,total,rate``."""
+def summary_csv(reports: list[dict], rubric=None, audience: str = "hiring") -> str:
+    """Class-level rows: ``section,id,title,count,total,rate`` (a tier's title in ``audience``'s words)."""
     n = len(reports)
     out = io.StringIO()
     writer = csv.writer(out)
@@ -120,8 +120,9 @@ def summary_csv(reports: list[dict]) -> str:
         writer.writerow(["status", status, status, c, n, f"{c / n:.4f}" if n else ""])
     n = len(graded(reports))
     counts = tier_counts(reports)
+    label = _label(rubric, audience)
     for t in TIERS:
-        writer.writerow(["tier", t, t, counts.get(t, 0), n, f"{counts.get(t, 0) / n:.4f}" if n else ""])
+        writer.writerow(["tier", t, label(t), counts.get(t, 0), n, f"{counts.get(t, 0) / n:.4f}" if n else ""])
     for cid, title, passed, total in rates(reports):
         writer.writerow(["criterion", cid, title, passed, total, f"{passed / total:.4f}" if total else ""])
     for m, c in sorted(mistake_counts(reports).items()):
@@ -129,15 +130,18 @@ def summary_csv(reports: list[dict]) -> str:
     return out.getvalue()
 
 
-def csv_text(reports: list[dict]) -> str:
-    """One row per submission: tier, score, mistakes and each criterion's status (``grades.csv``)."""
+def csv_text(reports: list[dict], rubric=None, audience: str = "hiring") -> str:
+    """One row per submission: status, tier (in ``audience``'s words), score, mistakes and each criterion's
+    status (``grades.csv``). A report that was not graded has no tier and no score."""
     out = io.StringIO()
     writer = csv.writer(out)
     ids = [cid for cid, *_ in rates(reports)]
     writer.writerow(["submission", "status", "tier", "score", "max_score", "mistakes", "error"] + ids)
     for r in reports:
         status = {c["id"]: c["status"] for c in r.get("criteria", [])} if status_of(r) == "graded" else {}
-        writer.writerow([clean(r.get("submission"), 200), status_of(r), r.get("tier") or "", r.get("score"),
+        graded_ = status_of(r) == "graded"
+        writer.writerow([clean(r.get("submission"), 200), status_of(r),
+                         _label(rubric, audience)(r["tier"]) if graded_ else "", r.get("score") if graded_ else "",
                          r.get("max_score"), " ".join(r.get("mistakes", [])), clean(r.get("error") or "", 200)]
                         + [status.get(cid, "") for cid in ids])
     return out.getvalue()
@@ -147,8 +151,8 @@ def write(reports: list[dict], out_dir: str, elapsed_s: float | None = None, rub
           audience: str = "hiring") -> None:
     """``summary.md``, ``summary.csv`` (class-level) and ``grades.csv`` (per submission) in ``out_dir``."""
     write_text_atomic(os.path.join(out_dir, "summary.md"), markdown(reports, elapsed_s, rubric, audience))
-    write_text_atomic(os.path.join(out_dir, "summary.csv"), summary_csv(reports))
-    write_text_atomic(os.path.join(out_dir, "grades.csv"), csv_text(reports))
+    write_text_atomic(os.path.join(out_dir, "summary.csv"), summary_csv(reports, rubric, audience))
+    write_text_atomic(os.path.join(out_dir, "grades.csv"), csv_text(reports, rubric, audience))
 
 
 def print_summary(reports: list[dict], console, rubric=None, audience: str = "hiring") -> None:
@@ -171,8 +175,7 @@ def print_summary(reports: list[dict], console, rubric=None, audience: str = "hi
     counts, statuses = tier_counts(reports), status_counts(reports)
     console.print(Text("  ".join(f"{label(t)}: {counts.get(t, 0)}" for t in TIERS)
                        + f"  |  not graded: {statuses.get('not_graded', 0)}, grader errors: {statuses.get('grader_error', 0)}"))
-    n = len(reports)
-    if n > 1:
-        worst = sorted(_criterion_counts(reports), key=lambda row: row[2]["pass"] / max(row[3], 1))[:3]
-        console.print("lowest pass rates: " + ", ".join(f"{title} {_rate(s['pass'], total)}"
-                                                        for _, title, s, total in worst))
+    ranked = sorted((row for row in rates(reports) if row[3]), key=lambda row: row[2] / row[3])[:3]
+    if ranked:
+        console.print(Text("lowest pass rates (of the graded that attempted it): "
+                           + ", ".join(f"{title} {_rate(passed, total)}" for _, title, passed, total in ranked)))

@@ -153,3 +153,33 @@ def test_a_folder_that_is_one_submission_is_not_split(tmp_path):
     empty.mkdir()
     assert expand([str(misnamed)]) == [str(misnamed)]  # one row: a submission without kv_cache.py
     assert expand([str(empty)]) == [str(empty)]
+
+
+def test_stale_temporary_folders_of_dead_graders_are_swept(tmp_path):
+    import subprocess
+    import sys
+
+    from grader.sandbox import launch
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / f"kvkit-run-{dead}-abc").mkdir()
+    (tmp_path / f"kvkit-probe-data-{dead}-xyz").mkdir()
+    mine = launch.temp_dir("kvkit-run-", str(tmp_path))
+    (tmp_path / "kvkit-run-notapid").mkdir()
+    launch.sweep_stale(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(mine), "kvkit-run-notapid"])
+
+
+def test_a_folder_of_other_files_is_one_bad_hand_back(tmp_path):
+    (tmp_path / "README.md").write_text("hi")
+    assert expand([str(tmp_path)]) == [str(tmp_path)]
+
+
+def test_a_rubric_whose_points_do_not_add_up_is_refused(tmp_path):
+    from grader.rubric import DEFAULT, RubricError
+
+    text = open(DEFAULT).read().replace("max_score = 100.0", "max_score = 50.0")
+    (tmp_path / "r.toml").write_text(text)
+    with pytest.raises(RubricError, match="add up to 100"):
+        load(str(tmp_path / "r.toml"))

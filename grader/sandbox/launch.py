@@ -285,6 +285,34 @@ def remove_tree(path: str) -> None:
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120, check=False)
 
 
+STALE_PREFIXES = ("kvkit-run-", "kvkit-sub-", "kvkit-zip-", "kvkit-probe-data-")
+
+
+def temp_dir(prefix: str, parent: str | None = None) -> str:
+    """A new temporary folder named ``<prefix><our pid>-...``, so that a later run can tell it is stale."""
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent)
+
+
+def sweep_stale(parent: str | None = None) -> None:
+    """Remove the kit's temporary folders left by a grader that was killed (their pid, in the name, is gone)."""
+    parent = parent or tempfile.gettempdir()
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        prefix = next((p for p in STALE_PREFIXES if name.startswith(p)), None)
+        pid = name[len(prefix):].split("-")[0] if prefix else ""
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            remove_tree(os.path.join(parent, name))
+        except OSError:
+            pass
+
+
 def _own(path: str, uid: int | None) -> None:
     """Hand the working directory to the child's uid (the job folder stays the parent's, read-only)."""
     if uid is None:
@@ -395,7 +423,7 @@ def run_session(submission_dir: str, job: dict, job_files: dict, limits: Limits,
     task's :class:`TaskResult`; a session that ends early says why in
     ``reason`` and leaves the tasks it did not reach out of ``tasks``.
     """
-    base = tempfile.mkdtemp(prefix="kvkit-run-")
+    base = temp_dir("kvkit-run-")
     result = SessionResult()
     group = None
     if started is not None:
