@@ -15,6 +15,7 @@ Every value is drawn from a seeded generator, so a seed fixes the whole suite.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 
@@ -212,6 +213,7 @@ def small_cases(seed: int) -> list[Trial]:
     return sorted(cases, key=lambda trial: trial.size)
 
 
+@functools.lru_cache(maxsize=4)
 def hidden_suite(seed: int, count: int = 200) -> list[Trial]:
-    """Every trial the grader runs: random, targeted and small cases."""
+    """Every trial the grader runs: random, targeted, overflow and small cases (built once per seed)."""
     return random_trials(seed, count) + targeted_trials(seed) + overflow_trials(seed) + small_cases(seed)

@@ -1,10 +1,10 @@
-"""Hostile submissions (tests/hostile/): each gets a report that names what happened, no better
-tier than its honest work earns, and the grader goes on to the next submission.
+"""Hostile submissions: each gets a report that names what happened, no better tier than its
+honest work earns (the base, the reference, is Hire: no cost.py, no tests), and the grader goes on.
 
-One batch grades every fixture (with a well-behaved submission after them) through the CLI,
-at the best isolation this machine allows; a smaller batch repeats the cases that the audit
-guard alone must stop at the process level, which is all a machine without namespaces gets.
-Few random trials keep it fast: these tests are about containment, not verdict accuracy.
+Each fixture is built at test time from one honest base plus its act (``ACTS``). One batch grades
+every fixture (with a well-behaved submission after them) through the CLI, at the best isolation
+this machine allows. Few random trials keep it fast: these tests are about containment, not
+verdict accuracy (the attacks on the evidence are in test_attacks.py).
 """
 from __future__ import annotations
 
@@ -18,12 +18,118 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOSTILE = os.path.join(ROOT, "tests", "hostile")
 WELL_BEHAVED = os.path.join(ROOT, "catalogue", "examples", "hire_basic")
 TIERS = ["Weak", "Hire", "Strong Hire"]
 SENTINEL = "/tmp/kvkit-hostile-sentinel.txt"
 ESCAPES = ["/tmp/kvkit-hostile-escape.txt", "/tmp/kvkit-hostile-escape-home.txt",
            os.path.join(ROOT, "solutions", "kvkit-hostile-escape.txt")]
+
+# One honest base (the reference), plus each hostile act appended at test time.
+BASE = open(os.path.join(ROOT, "solutions", "kv_cache.py")).read()
+WRAP_OUT = """
+_honest_attention = gqa_attention
+_CALLS = [0]
+
+
+def gqa_attention(q, cache, n_new):
+    out = _honest_attention(q, cache, n_new)
+    _CALLS[0] += 1
+    return {act}
+"""
+WRAP_APPEND = """
+_honest_append = KVCache.append
+
+
+def _append(self, k_new, v_new, n_new):
+    {act}
+    return _honest_append(self, k_new, v_new, n_new)
+
+
+KVCache.append = _append
+"""
+ACTS = {
+    "infinite_loop": "\nwhile True:\n    pass\n",
+    "memory_hog": "\n_hog = []\nwhile True:\n    _hog.append(bytearray(64 * 2**20))\n    _hog[-1][::4096] = b'x' * len(_hog[-1][::4096])\n",
+    "fork_bomb": WRAP_APPEND.format(act="_bomb()") + """
+import os as _os, time as _time
+_FORKED = []
+
+
+def _bomb():
+    if _FORKED:
+        return
+    _FORKED.append(True)
+    for _ in range(300):
+        try:
+            pid = _os.fork()
+        except OSError:
+            return
+        if pid == 0:
+            _time.sleep(60)
+            _os._exit(0)
+""",
+    "fork_bomb_ctypes": WRAP_APPEND.format(act="_bomb()") + """
+import ctypes as _ctypes, time as _time
+_LIBC = _ctypes.CDLL(None)
+_FORKED = []
+
+
+def _bomb():
+    if _FORKED:
+        return
+    _FORKED.append(True)
+    for _ in range(300):
+        if _LIBC.fork() == 0:
+            _time.sleep(60)
+            _LIBC._exit(0)
+""",
+    "exit_at_import": "\nimport os as _os\n_os._exit(0)\n",
+    "sys_exit_at_import": "\nimport sys as _sys\n_sys.exit(3)\n",
+    "exits_in_append": WRAP_APPEND.format(act="raise SystemExit(4)"),
+    "segfault_ctypes": WRAP_APPEND.format(act="__import__('ctypes').string_at(0)"),
+    "output_flood": "\nimport sys as _sys\nfor _ in range(40):\n    _sys.stdout.write('x' * 2**20)\n",
+    "read_solutions": """
+import glob as _glob, os as _os, sys as _sys
+for _root in ["/work/main", "/autograder/source"] + [_os.path.join(e, "..", "..", "..", "..") for e in _sys.path]:
+    try:
+        exec(open(_os.path.join(_root, "solutions", "kv_cache.py")).read())
+        break
+    except Exception:
+        pass
+""",
+    "network": WRAP_APPEND.format(act="_phone_home()") + """
+import socket as _socket
+
+
+def _phone_home():
+    for attempt in (lambda: _socket.create_connection(("93.184.216.34", 80), timeout=1),
+                    lambda: _socket.gethostbyname("example.com")):
+        try:
+            attempt()
+        except Exception:
+            pass
+
+
+_phone_home()
+""",
+    "write_outside": """
+import os as _os
+for _target in ["/tmp/kvkit-hostile-escape.txt", _os.path.join(_os.path.expanduser("~"), "..", "kvkit-hostile-escape-home.txt")]:
+    try:
+        with open(_target, "w") as _f:
+            _f.write("escaped")
+    except OSError:
+        pass
+try:
+    _os.remove("/tmp/kvkit-hostile-sentinel.txt")
+except OSError:
+    pass
+""",
+    "not_arrays": WRAP_OUT.format(act='["not an array", None, {"out": 1}, object(), out.tolist()[:1]][_CALLS[0] % 5]'),
+    "wrong_dtype": WRAP_OUT.format(act="[out.astype(np.complex128), out.astype(object), out.astype(str), out > 0][_CALLS[0] % 4]"),
+    "wrong_shape": WRAP_OUT.format(act="out[:, :1]"),
+    "huge_array": WRAP_OUT.format(act="np.broadcast_to(np.float64(0.0), (1 << 20, 1 << 20, 1 << 10))"),
+}
 
 # case -> (the best tier it may get, what its report must say)
 EXPECT = {
@@ -36,16 +142,28 @@ EXPECT = {
     "exits_in_append": ("Weak", r"raised SystemExit"),
     "segfault_ctypes": ("Weak", r"segmentation fault"),
     "output_flood": ("Hire", r"MiB to stdout/stderr"),
-    "read_solutions": ("Weak", r"."),
+    "read_solutions": ("Hire", r"."),
     "network": ("Hire", r"."),
     "write_outside": ("Hire", r"."),
-    "not_arrays": ("Weak", r"returned (NoneType|str|dict|object|_Weird)|raised RuntimeError: no array here"),
+    "not_arrays": ("Weak", r"returned (NoneType|str|dict|object|list)"),
     "wrong_dtype": ("Weak", r"dtype (complex128|object|bool|<U)"),
     "wrong_shape": ("Weak", r"expected an array of shape"),
     "huge_array": ("Weak", r"returned ndarray of shape \[1048576, 1048576, 1024\]"),
 }
 FAKED: dict = {}
 TIERS = [None, "Weak", "Hire", "Strong Hire"]
+
+
+def build_fixtures(directory) -> list[str]:
+    """Each hostile case as a submission folder: the honest base plus its act."""
+    paths = []
+    for case in sorted(EXPECT):
+        folder = os.path.join(directory, case)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "kv_cache.py"), "w") as f:
+            f.write(BASE + ACTS[case])
+        paths.append(folder)
+    return paths
 
 
 def grade_batch(paths: list[str], out: str, *extra: str) -> subprocess.CompletedProcess:
@@ -96,8 +214,8 @@ def graded(tmp_path_factory):
                     os.remove(path)
             with open(SENTINEL, "w") as f:
                 f.write("must survive the hostile batch\n")
-            cases = sorted(EXPECT)
-            done = grade_batch([os.path.join(HOSTILE, c) for c in cases] + [WELL_BEHAVED], str(out))
+            fixtures = build_fixtures(str(shared / "hostile-fixtures"))
+            done = grade_batch(fixtures + [WELL_BEHAVED], str(out))
             assert done.returncode == 0, done.stderr[-3000:]
             marker.write_text(done.stderr)
     return read_reports(str(out)), marker.read_text()
@@ -107,8 +225,8 @@ def text_of(report: dict) -> str:
     return json.dumps(report)
 
 
-def test_every_case_has_a_fixture():
-    assert sorted(EXPECT) == sorted(d for d in os.listdir(HOSTILE) if os.path.isdir(os.path.join(HOSTILE, d)))
+def test_every_case_has_an_act():
+    assert sorted(EXPECT) == sorted(ACTS)
 
 
 @pytest.mark.parametrize("case", sorted(EXPECT))
@@ -152,8 +270,8 @@ def test_isolation_is_named(graded):
         assert "weaker than full" in stderr  # even with --quiet
     else:
         assert level.level.startswith("namespaces")
-        # at the full level the kit is not even there to read: no borrowed answer
-        assert reports["read_solutions"]["tier"] in ("Weak", None)
+        # at the full level the kit is not even there to read: no better than the honest base (Hire)
+        assert reports["read_solutions"]["tier"] in ("Weak", "Hire")
 
 
 def test_fallback_says_plainly_there_is_no_isolation():
