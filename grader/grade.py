@@ -29,7 +29,7 @@ from solutions import cost as ref_cost
 HERE = os.path.dirname(os.path.abspath(__file__))
 CATALOGUE = os.path.join(os.path.dirname(HERE), "catalogue")
 SCHEMA = report_mod.SCHEMA
-# The cost table's inputs (SPEC section 2) plus a second set, so no figure can be typed in.
+# The cost table's inputs (the README's cost table) plus a second set, so no figure can be typed in.
 COST_CALLS = [
     ["kv_bytes_per_token(32, 8, 128, 2)", "kv_bytes_per_token", [32, 8, 128, 2]],
     ["kv_bytes_per_token(3, 5, 7, 4)", "kv_bytes_per_token", [3, 5, 7, 4]],

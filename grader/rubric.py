@@ -1,6 +1,6 @@
 """The rubric: points per criterion and the Weak / Hire / Strong Hire rules, read from TOML.
 
-The default is ``grader/rubric.toml`` (SPEC section 5); an instructor passes a
+The default is ``grader/rubric.toml`` (the rubric (README, "Grading")); an instructor passes a
 copy with other points or tiers. The tier rule:
 
 * Weak if the NumPy implementation has a mistake listed in ``weak_mistakes``,

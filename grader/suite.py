@@ -3,7 +3,7 @@
 A trial is a cache shape plus a list of steps; each step appends ``k_new``/``v_new``
 with ``n_new`` real tokens per row and asks for the attention of ``q``. Three sets:
 
-* ``random_trials``: the spec's protocol (SPEC section 5): Hkv in {1, 2, 4}, G
+* ``random_trials``: the spec's protocol (README, "Grading"): Hkv in {1, 2, 4}, G
   from 1 to 8, 1 to 3 rows, final lengths 0 to 40 fed in chunks of 1 to 8 tokens.
 * ``targeted_trials``: MQA, MHA, decode, full prefill, chunked prefill, zero-token
   rows, B = 0, an all-empty cache, T = 0, float32, and the head layouts of real
@@ -86,7 +86,7 @@ def build(name, group, rng, B, Hkv, G, d, chunks, *, max_len=None, dtype="float6
     slots = [w if w is not None else max(max(c, default=0), 1) for c, w in zip(chunks, slots)]
     if max_len is None:
         # Room for every step's full width T: a contract-abiding submission may
-        # refuse T larger than the space left in any row (SPEC section 3).
+        # refuse T larger than the space left in any row (docs/contract.md).
         lens, max_len = np.zeros(B, dtype=int), 0
         for counts, width in zip(chunks, slots):
             max_len = max(max_len, int(lens.max(initial=0)) + width)
@@ -131,12 +131,12 @@ def random_trials(seed: int, count: int = 200) -> list[Trial]:
 
 
 # Head layouts where mapping bugs hide: (Hq, Hkv) of real checkpoints and the
-# cases Hkv == G and Hkv != G (SPEC section 5).
+# cases Hkv == G and Hkv != G (README, "Grading").
 LAYOUTS = [(32, 8), (48, 2), (64, 8), (16, 4), (8, 2), (4, 1), (4, 4)]
 
 
 def targeted_trials(seed: int) -> list[Trial]:
-    """The named cases of SPEC section 5 (see the module docstring)."""
+    """The named cases of README, "Grading" (see the module docstring)."""
     rng = np.random.default_rng([seed, 2])
     t = []
     for Hq, Hkv in LAYOUTS:

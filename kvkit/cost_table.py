@@ -1,4 +1,4 @@
-"""The cost table of SPEC section 2, computed from the cost model (never typed in).
+"""The cost table of the README's cost table, computed from the cost model (never typed in).
 
 Figures: Llama 3.1 8B (32 layers, 8 KV heads, head_dim 128; Meta's config.json),
 bf16, 4,096 decode steps, H100 SXM at 3.35e12 B/s (NVIDIA datasheet),

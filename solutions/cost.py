@@ -1,6 +1,6 @@
 """The cost model: why the cache is allocated once and written in place.
 
-Integer bytes unless noted. The worked figures (SPEC section 2) use Llama 3.1 8B
+Integer bytes unless noted. The worked figures (the README's cost table) use Llama 3.1 8B
 (32 layers, 8 KV heads, head_dim 128: Meta's released config.json) in bf16
 (2 bytes per element) and the H100 SXM's 3.35 TB/s HBM3 bandwidth (NVIDIA H100
 datasheet).

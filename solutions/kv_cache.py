@@ -1,6 +1,6 @@
 """Grouped-query attention over a KV cache allocated once and written in place (NumPy).
 
-The reference a learner reads after finishing. Three rules (SPEC section 2):
+The reference a learner reads after finishing. Three rules (docs/contract.md):
 
 1. K/V are written once, at the row's current length, and never moved afterwards.
 2. Query head ``h`` reads KV head ``h // G`` (contiguous groups, the layout of

@@ -1,4 +1,4 @@
-"""The cost model reproduces every figure of SPEC section 2 exactly."""
+"""The cost model reproduces every figure of the README's cost table exactly."""
 from solutions import cost
 from kvkit.cost_table import cost_rows
 

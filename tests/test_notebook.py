@@ -1,4 +1,4 @@
-"""The classroom notebook (SPEC section 7), graded by the real nbgrader.
+"""The classroom notebook (docs/notebook.md), graded by the real nbgrader.
 
 The grading test copies the nbgrader course (``notebooks/``) into a temporary
 directory, runs ``nbgrader generate_assignment``, places submissions under

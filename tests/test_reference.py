@@ -180,7 +180,7 @@ def test_port_runs_no_concat_and_no_repeat():
 
 
 def _broadcasting_matmul_attention(q, cache, n_new):
-    """The trap of SPEC section 3: right answer, but torch.matmul expands K over the group axis."""
+    """The trap of docs/contract.md: right answer, but torch.matmul expands K over the group axis."""
     B, Hkv, _, d = cache.k.shape
     Hq, T = q.shape[1], q.shape[2]
     G, S = Hq // Hkv, int(cache.lens.max())
