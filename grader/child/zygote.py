@@ -167,29 +167,48 @@ def _sweep_leftovers(pid: int) -> None:
             pass
 
 
+_OPEN = set()  # the zygote's ends of every task's pipes: no task process may keep another task's
+_FORKING = None  # a lock around pipe creation and fork (set in main when tasks run side by side)
+
+
 def _fork_task(task: dict, job: dict, tasks, lock=None):
-    """Fork the task's process; ``(pid, read_fd, rss_kib, started)``."""
-    read, write = os.pipe()
-    secret_read, secret_write = os.pipe() if task.get("secret") else (None, None)
-    rss = _rss_kib()
-    started = time.monotonic()
-    pid = os.fork()
-    if pid == 0:  # the task process: nothing of the zygote's channel survives into it
-        try:
-            os.close(read)
-            os.close(FDS["to_parent"])
-            os.close(FDS["from_parent"])
-            if secret_write is not None:
-                os.close(secret_write)
-                task = {**task, "secret_fd": secret_read}
-            os.setpgid(0, 0)
-            tasks.serve(task, job, write)
-        finally:
-            os._exit(0)
-    os.close(write)
+    """Fork the task's process; ``(pid, read_fd, rss_kib, started)``.
+
+    A forked process inherits every descriptor, so each task process closes
+    the pipes of all other tasks first: none can read, delay or write another's.
+    """
+    import contextlib
+
+    with (_FORKING or contextlib.nullcontext()):
+        read, write = os.pipe()
+        secret_read, secret_write = os.pipe() if task.get("secret") else (None, None)
+        mine = {write, secret_read} - {None}
+        rss = _rss_kib()
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the task process: nothing of the zygote's channel or of other tasks survives into it
+            try:
+                for fd in _OPEN | {read, secret_write} - {None} - mine:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                os.close(FDS["to_parent"])
+                os.close(FDS["from_parent"])
+                if secret_read is not None:
+                    task = {**task, "secret_fd": secret_read}
+                os.setpgid(0, 0)
+                tasks.serve(task, job, write)
+            finally:
+                os._exit(0)
+        os.close(write)
+        _OPEN.add(read)
+        if secret_read is not None:
+            os.close(secret_read)
+            _OPEN.add(secret_write)
     if secret_write is not None:
-        os.close(secret_read)
         _hand_secret(task, secret_write, lock)
+        _OPEN.discard(secret_write)
     return pid, read, rss, started
 
 
@@ -203,8 +222,10 @@ def run_parallel(group: list, job: dict, tasks, width: int) -> None:
     """Tasks that need no memory figure (the own tests), ``width`` at a time."""
     import threading
 
+    global _FORKING
     pending = list(group)
     lock = threading.Lock()
+    _FORKING = threading.Lock()
 
     def worker():
         while True:
@@ -234,6 +255,7 @@ def _finish_task(task, pid, read, rss, started, lock=None) -> str:
         status, usage = waited
     wall = time.monotonic() - started
     os.close(read)
+    _OPEN.discard(read)
     if lock is None:
         _sweep_leftovers(pid)
     else:
