@@ -129,9 +129,9 @@ def _measured_criteria(runs: dict, explain: list, decode_ok: bool = True) -> dic
     }
 
 
-def _trials_section(session, backend: str, trials, expected):
+def _trials_section(session, backend: str, trials, expected, plan):
     """``(answer, comparison, outputs)`` of a session's trials task, or ``(None, reason, None)``."""
-    task = session.tasks.get(f"{backend}:0")
+    task = session.tasks.get(run_mod.probe_task(plan, backend, "trials"))
     if task is None or task.answer is None:
         why = (task.why() if task else "") or session.reason or "the trials did not run"
         return None, why, None
@@ -152,7 +152,7 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
     if session is None:
         return criteria_mod.Criterion("torch_port", "error", "the port was not run"), {}, []
     try:
-        answer, comparison, outputs = _trials_section(session, "torch", trials, expected)
+        answer, comparison, outputs = _trials_section(session, "torch", trials, expected, plan)
     except ValueError as exc:
         return criteria_mod.Criterion("torch_port", "error", f"the port's outputs are malformed: {exc}"), {}, []
     if answer is None:
@@ -237,7 +237,7 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
     if session.reason:
         notes.append(f"sandbox: {session.reason}")
     try:
-        answer, comparison, outputs = _trials_section(session, "numpy", trials, expected)
+        answer, comparison, outputs = _trials_section(session, "numpy", trials, expected, plan)
     except ValueError as exc:
         return {**_error_report(name, options, f"the child's outputs are malformed ({exc})", started),
                 "isolation": level, "notes": notes}

@@ -71,9 +71,15 @@ class Plan:
     preimport: dict = field(default_factory=dict)  # backend -> installed modules to import first
     own_variants: dict = field(default_factory=dict)  # opaque task name -> own-tests variant (never sent with the job)
 
+    serial_names: dict = field(default_factory=dict)  # "trials" or a probe's name -> its opaque, shuffled number
+
     def __post_init__(self):
         import random
 
+        order = ["trials"] + [p.name for p in self.probes]
+        numbers = list(range(len(order)))
+        random.SystemRandom().shuffle(numbers)
+        self.serial_names = dict(zip(order, numbers))
         names = [f"own:{i}" for i in range(len(OWN_VARIANTS))]
         variants = list(OWN_VARIANTS)
         random.SystemRandom().shuffle(variants)  # not from the seed: the order must tell a test nothing
@@ -294,16 +300,19 @@ def probe_trial(config: dict, flat, memo: dict | None = None) -> dict:
 
 
 def probe_task(plan: "Plan", backend: str, probe_name: str) -> str:
-    """The opaque task name a probe ran under in ``backend``'s session."""
-    return f"{backend}:{[p.name for p in plan.probes].index(probe_name) + 1}"
+    """The opaque task name a probe (or ``"trials"``, the hidden trials) ran under in ``backend``'s session."""
+    return f"{backend}:{plan.serial_names[probe_name]}"
 
 
 def _session_job(plan: Plan, backend: str, timeout: float) -> dict:
     spec, probe_trials, paths = job_data(plan)
-    tasks = [{"name": f"{backend}:0", "kind": "trials", "backend": backend, "timeout": timeout, "checks": True}]
+    tasks = [{"name": probe_task(plan, backend, "trials"), "kind": "trials", "backend": backend,
+              "timeout": timeout, "checks": True}]
     for probe in plan.probes:
         tasks.append({"name": probe_task(plan, backend, probe.name), "kind": "trials", "backend": backend,
                       "timeout": timeout, "trials": [probe_trials[probe.name]]})
+    # A random order and random names: no task can tell from its place whether it is measured.
+    tasks.sort(key=lambda t: int(t["name"].split(":")[1]))
     if backend == "numpy" and plan.test_files:
         for name in plan.own_order:  # opaque names in a random order; the variants stay with the parent
             tasks.append({"name": name, "kind": "owntests", "secret": True,

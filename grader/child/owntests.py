@@ -120,12 +120,15 @@ def run(task: dict, job: dict) -> dict:
     import pytest
 
     files = list(task["files"])
-    secret_fd = task.get("secret_fd")
+    # The variant is read (and its pipe closed) before any submission file runs: nothing of the
+    # submission can read it from the pipe; reading it from this frame is inspection (audited).
+    variant = _read_secret(task["secret_fd"]) if task.get("secret_fd") is not None else ""
     del task
     try:
         original = tasks.load_file("kv_cache", os.path.join(workdir, "kv_cache.py"))
-        if _install(tasks, original, secret_fd) is None:
+        if _install(tasks, original, variant) is None:
             return {"exit": -1, "error": "no variant was handed over"}
+        del variant
     except BaseException as exc:  # noqa: BLE001
         return {"exit": -1, "error": f"{type(exc).__name__}: {str(exc)[:200]}", "inspected": list(watch.seen)}
     out = io.StringIO()
@@ -144,9 +147,8 @@ def run(task: dict, job: dict) -> dict:
     return {"exit": int(code), "failed": failed[:3], "inspected": list(watch.seen), "tail": text[-400:]}
 
 
-def _install(tasks, original, secret_fd):
-    """Read the variant and put the planted module in place; returns None when no variant came."""
-    variant = _read_secret(secret_fd) if secret_fd is not None else ""
+def _install(tasks, original, variant: str):
+    """Put the variant's planted module in place; returns None when no variant came."""
     if not variant:
         return None
     if variant != "none":
