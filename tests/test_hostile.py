@@ -47,11 +47,10 @@ def _append(self, k_new, v_new, n_new):
 
 KVCache.append = _append
 """
-ACTS = {
-    "infinite_loop": "\nwhile True:\n    pass\n",
-    "memory_hog": "\n_hog = []\nwhile True:\n    _hog.append(bytearray(64 * 2**20))\n    _hog[-1][::4096] = b'x' * len(_hog[-1][::4096])\n",
-    "fork_bomb": WRAP_APPEND.format(act="_bomb()") + """
-import os as _os, time as _time
+# Bounded to 300 forks (a broken sandbox cannot take the test machine down); a refused fork ends it.
+BOMB = """
+{setup}
+import time as _time
 _FORKED = []
 
 
@@ -61,28 +60,20 @@ def _bomb():
     _FORKED.append(True)
     for _ in range(300):
         try:
-            pid = _os.fork()
+            pid = {fork}
         except OSError:
             return
         if pid == 0:
             _time.sleep(60)
-            _os._exit(0)
-""",
-    "fork_bomb_ctypes": WRAP_APPEND.format(act="_bomb()") + """
-import ctypes as _ctypes, time as _time
-_LIBC = _ctypes.CDLL(None)
-_FORKED = []
-
-
-def _bomb():
-    if _FORKED:
-        return
-    _FORKED.append(True)
-    for _ in range(300):
-        if _LIBC.fork() == 0:
-            _time.sleep(60)
-            _LIBC._exit(0)
-""",
+            {exit}
+"""
+ACTS = {
+    "infinite_loop": "\nwhile True:\n    pass\n",
+    "memory_hog": "\n_hog = []\nwhile True:\n    _hog.append(bytearray(64 * 2**20))\n    _hog[-1][::4096] = b'x' * len(_hog[-1][::4096])\n",
+    "fork_bomb": WRAP_APPEND.format(act="_bomb()") + BOMB.format(setup="import os as _os", fork="_os.fork()",
+                                                                  exit="_os._exit(0)"),
+    "fork_bomb_ctypes": WRAP_APPEND.format(act="_bomb()") + BOMB.format(
+        setup="import ctypes as _ctypes\n_LIBC = _ctypes.CDLL(None)", fork="_LIBC.fork()", exit="_LIBC._exit(0)"),
     "exit_at_import": "\nimport os as _os\n_os._exit(0)\n",
     "sys_exit_at_import": "\nimport sys as _sys\n_sys.exit(3)\n",
     "exits_in_append": WRAP_APPEND.format(act="raise SystemExit(4)"),
