@@ -4,15 +4,21 @@ With no SUBMISSION it grades the bundled example submissions of the mistakes
 catalogue (``catalogue/examples/``). A directory that holds no ``kv_cache.py``
 (nor notebook) is a folder of submissions: each entry in it is graded.
 Exit status: 0 when every submission was graded, whatever the verdicts; 2 on a
-usage error.
+usage error; 130 when stopped by Ctrl-C (SIGINT): then within about a second
+every sandbox is killed, every temporary folder removed, and one line says how
+many reports were written and how to resume.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import random
+import signal
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import tempfile
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from grader import report as report_mod
 from grader.grade import SCHEMA, Options, grade
@@ -175,30 +181,53 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # noqa: BLE001 - the report is safe on disk; say so and go on
                 print(f"{rep.get('submission')!r}: report not shown ({type(exc).__name__})", file=sys.stderr)
 
+    stop = _Interrupt()
+    stop.install()
     try:
         if args.jobs == 1:
             with Progress(console=console, transient=True, disable=not show_progress) as progress:
                 task = progress.add_task("grading", total=len(todo))
                 for path in todo:
-                    finished(path, _grade_one(path, options))
-                    progress.advance(task)
+                    report = _grade_one(path, options)  # Ctrl-C raises KeyboardInterrupt in here
+                    with stop.deferred():  # but not while the report is written and shown
+                        finished(path, report)
+                        progress.advance(task)
         else:
-            pool = ProcessPoolExecutor(max_workers=args.jobs)
+            pool = ProcessPoolExecutor(max_workers=args.jobs, initializer=_worker_init)
             try:
-                with Progress(console=console, transient=True) as progress:
+                with Progress(console=console, transient=True) as progress, stop.deferred():
                     task = progress.add_task("grading", total=len(todo))
                     futures = {pool.submit(_grade_one, p, options): p for p in todo}
-                    for future in as_completed(futures):
-                        finished(futures[future], future.result())
-                        progress.advance(task)
+                    pending = set(futures)
+                    while pending:
+                        ready, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+                        if stop.hit:
+                            raise KeyboardInterrupt
+                        for future in ready:
+                            finished(futures[future], future.result())
+                            progress.advance(task)
+            except KeyboardInterrupt:
+                _stop_workers(pool)
+                raise
             finally:
                 pool.shutdown(wait=False, cancel_futures=True)
     except KeyboardInterrupt:
-        _stop_workers()
-        where = f"; rerun with --out {args.out} --resume to grade the rest" if args.out else ""
-        print(f"\nstopped: {len(reports) - len(done)} report(s) written this run, {len(done)} kept{where}",
-              file=sys.stderr)
+        stop.ignore()  # a second Ctrl-C does not cut the clean-up short
+        if args.jobs == 1:
+            _stop_own_sandboxes()
+        written = len(reports) - len(done)
+        left = len(paths) - len(reports)
+        if args.out:
+            line = (f"stopped: {written} report(s) written to {args.out} this run"
+                    + (f" ({len(done)} kept from before)" if done else "")
+                    + f", {left} left: rerun the same command with --resume to grade the rest")
+        else:
+            line = (f"stopped: {written} of {len(todo)} submission(s) graded, no report written (no --out DIR); "
+                    f"rerun with --out DIR, then --out DIR --resume after a stop, to keep them")
+        print(("\r" if sys.stderr.isatty() else "") + line, file=sys.stderr, flush=True)  # \r: over the "^C"
         return 130
+    finally:
+        stop.restore()
 
     ordered = [reports[p] for p in paths]
     if args.json:
@@ -208,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             report_mod.write_json_atomic(args.json, ordered)
     if args.markdown:
-        report_mod.write_text_atomic(args.markdown, report_mod.markdown(ordered, rubric, args.audience))
+        report_mod.write_markdown(args.markdown, ordered, rubric, args.audience)
     if args.gradescope:
         report_mod.write_json_atomic(args.gradescope, report_mod.gradescope(ordered[0], rubric, args.audience))
     if args.out:
@@ -222,20 +251,187 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _stop_workers() -> None:
-    """Kill this process's children (pool workers; their sandboxes die with them)."""
-    import signal
+# --------------------------------------------------------------------------- Ctrl-C
+#
+# Who stops what. With --jobs N the sandboxes belong to the pool's worker
+# processes (each session is a child in a process group of its own, under a
+# cgroup of its own, with temporary folders named kvkit-<kind>-<worker pid>-...;
+# see grader/sandbox/launch.py). Ctrl-C at a terminal reaches the grader and its
+# workers (one process group); `kill -INT` only the grader. Either way:
+#
+# 1. the workers never act on SIGINT (a no-op handler: no KeyboardInterrupt,
+#    so no traceback from a worker); the grader notices it within 0.1 s;
+# 2. the grader sends each worker SIGTERM; the worker, in its handler, kills
+#    each sandbox's process group and closes its cgroups (which kills whatever
+#    is left in them and removes them), then leaves with os._exit: it does not
+#    wait for its session threads, which may be stuck behind a lock;
+# 3. the grader waits for the workers (at most WORKER_GRACE_S; SIGKILL for one
+#    that is still there, after killing its sandboxes' groups itself), then
+#    removes the workers' temporary folders: they are dead, so nothing writes
+#    to them any more, and the grader holds no lock a worker could have held.
+#
+# With --jobs 1 the grader is its own worker: KeyboardInterrupt unwinds the
+# grading, then it does steps 2 and 3 for itself.
 
-    try:
-        import multiprocessing
+WORKER_GRACE_S = 1.0
 
-        for child in multiprocessing.active_children():
+
+class _Interrupt:
+    """The grader's SIGINT handler: raises KeyboardInterrupt, or only notes it (``hit``) while deferred."""
+
+    def __init__(self):
+        self.hit = False
+        self.defer = 0
+        self.previous = None
+
+    def __call__(self, signum, frame):
+        self.hit = True
+        if not self.defer:
+            raise KeyboardInterrupt
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self)
+
+    def ignore(self) -> None:
+        self.defer += 1
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+    def deferred(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def block():
+            self.defer += 1
             try:
-                os.kill(child.pid, signal.SIGKILL)
+                yield
+            finally:
+                self.defer -= 1
+            if self.hit:
+                raise KeyboardInterrupt
+
+        return block()
+
+
+def _worker_init() -> None:
+    """In each --jobs worker: Ctrl-C is the grader's to handle; its SIGTERM stops this worker's sandboxes."""
+    signal.signal(signal.SIGINT, _ignore_signal)  # not SIG_IGN, which the sandboxes would inherit through exec
+    signal.signal(signal.SIGTERM, _worker_stop)
+
+
+def _ignore_signal(signum, frame) -> None:
+    pass
+
+
+def _worker_stop(signum, frame) -> None:
+    try:
+        # The session threads fail loudly as their sandboxes vanish; nobody needs to read that.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        _kill_sandboxes(os.getpid())
+    finally:
+        os._exit(1)
+
+
+def _sandbox_groups(parent: int) -> list[int]:
+    """The process groups led by children of ``parent``: its sandboxes (each starts a session of its own)."""
+    found = []
+    try:
+        names = [n for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return found
+    for name in names:
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (command) ": state, ppid, pgrp
+            if int(fields[1]) == parent and int(fields[2]) == int(name):
+                found.append(int(name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+
+
+def _kill_sandboxes(owner: int) -> None:
+    """Kill the sandboxes of ``owner`` (this process): each one's process group, then each cgroup it made."""
+    import gc
+
+    from grader.sandbox import cgroup
+
+    for group in _sandbox_groups(owner):
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except OSError:
+            pass
+    # The sessions' Cgroup objects live in their threads: close() kills what is left in one (processes
+    # that left the process group too) and removes its directories; idempotent, never raises.
+    for obj in gc.get_objects():
+        if isinstance(obj, cgroup.Cgroup) and getattr(obj, "_owner_pid", None) == owner:
+            obj.close()
+
+
+def _remove_temp_folders(pids: set) -> None:
+    """Remove the kit's temporary folders that the processes ``pids`` made (see launch.temp_dir)."""
+    from grader.sandbox import launch
+
+    parents = {tempfile.gettempdir(), os.environ.get("KVKIT_PROBE_DATA") or "", "/dev/shm"} - {""}
+    for parent in parents:
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            prefix = next((p for p in launch.STALE_PREFIXES if name.startswith(p)), None)
+            pid = name[len(prefix):].split("-")[0] if prefix else ""
+            if pid.isdigit() and int(pid) in pids:
+                launch.remove_tree(os.path.join(parent, name))
+
+
+def _stop_workers(pool) -> None:
+    """Stop the pool's workers and what they started (steps 2 and 3 above)."""
+    from multiprocessing.connection import wait as wait_for
+
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    for worker in workers:
+        try:
+            os.kill(worker.pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.monotonic() + WORKER_GRACE_S
+    left = {worker.sentinel: worker for worker in workers}
+    while left and time.monotonic() < deadline:
+        for sentinel in wait_for(list(left), timeout=max(deadline - time.monotonic(), 0)):
+            left.pop(sentinel)
+    for worker in left.values():  # still there: its handler never ran (stuck in one long C call)
+        for group in _sandbox_groups(worker.pid):
+            try:
+                os.killpg(group, signal.SIGKILL)
             except OSError:
                 pass
-    except Exception:  # noqa: BLE001 - best effort on the way out
-        pass
+        try:
+            os.kill(worker.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if left:
+        wait_for(list(left), timeout=1.0)
+    _remove_temp_folders({worker.pid for worker in workers})
+
+
+def _stop_own_sandboxes() -> None:
+    """--jobs 1: the grading has unwound; kill this process's sandboxes and remove its temporary folders."""
+    threading.excepthook = lambda args: None  # session threads fail as their sandboxes vanish: we are leaving
+    deadline = time.monotonic() + WORKER_GRACE_S
+    while True:  # a session thread may start its sandbox just after a first look
+        _kill_sandboxes(os.getpid())
+        if not _sandbox_groups(os.getpid()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    _remove_temp_folders({os.getpid()})
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ T > 1 tokens after earlier ones, T < S), each only when every row has received
 the same tokens in every call since the cache was empty, and ``ragged``
 (anything else: rows of different lengths now or before, zero-token rows,
 padded slots); ``edge`` steps (B = 0, T = 0, an all-empty cache) only add notes;
-``overflow`` and ``after_overflow`` steps decide the overflow criterion. Hire's
+``overflow`` and ``after_overflow`` steps decide the overflow criterion;
+``structure`` steps (``q = 0``, one-hot values) are read by diagnosis only. Hire's
 checks use the first three; ``ragged`` is a Strong Hire check. Real query slots are compared with the tolerance; padded slots are
 checked apart (exactly 0, finite, or not).
 """
@@ -26,6 +27,8 @@ TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 
 def step_kinds(trial: Trial) -> list[str]:
     """The kind of each step of ``trial`` (see the module docstring)."""
+    if trial.group == "structure":
+        return ["structure"] * len(trial.steps)  # read by diagnosis only
     kinds, lens, overflowed = [], np.zeros(trial.B, dtype=np.int64), False
     history_uniform = True  # every call so far gave every row the same number of tokens
     for step in trial.steps:
@@ -94,6 +97,7 @@ class StepVerdict:
     padding: str = "none"  # "none" (no padded slot), "zero", "finite", "nonfinite"
     dtype_ok: bool = True
     buffers_moved: bool = False  # the cache's k/v were other objects after this step's append
+    chunk_after_prefix: bool = False  # T > 1 and some row appends after cached tokens (a refusable call)
 
 
 @dataclass
@@ -125,8 +129,12 @@ def compare(trials: list[Trial], records: list, outputs: list, expected: list) -
         # Steps may be left out only after an append (or the constructor) raised: the trial's history
         # is then unknown. Any other gap is the child's answer missing, and counts against it.
         stopped = False
+        lens = np.zeros(trial.B, dtype=np.int64)
         for i, step in enumerate(trial.steps):
             verdict = StepVerdict(trial, i, kinds[i], "not_run")
+            if not step.overflow:
+                verdict.chunk_after_prefix = step.q.shape[2] > 1 and bool(((lens > 0) & (step.n_new > 0)).any())
+                lens = lens + step.n_new
             result.steps.append(verdict)
             record = steps_rec[i] if i < len(steps_rec) else None
             if not isinstance(record, dict):

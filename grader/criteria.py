@@ -54,11 +54,15 @@ def _refused(step: StepVerdict) -> bool:
         or (step.status == "raised" and (step.error or {}).get("type") == "NotImplementedError")
 
 
-def correctness(cid: str, steps: list[StepVerdict], what: str, allow_refusal: bool = False) -> Criterion:
+def correctness(cid: str, steps: list[StepVerdict], what: str, refusable: list[StepVerdict] | None = None) -> Criterion:
     """pass when every step in ``steps`` matches the oracle on its real query slots.
 
     Steps never run (an earlier append of their trial failed) are no evidence
     either way and are left out; the failed append is itself a failing step.
+    ``refusable``: the calls a submission may refuse as a whole (T > 1 after
+    cached tokens, ragged ones included). The criterion is ``not_attempted``
+    (a refusal, not a failure) only when every one of them that ran was refused
+    with a clear error; otherwise the wrong answers stand.
     """
     steps = [s for s in steps if s.status != "not_run"]
     if not steps:
@@ -68,7 +72,8 @@ def correctness(cid: str, steps: list[StepVerdict], what: str, allow_refusal: bo
         worst = max(s.max_error for s in steps)
         return Criterion(cid, "pass", f"{len(steps)} {what} steps match the direct reference (max error {worst:.1e})")
     failing = [s for s in steps if s.status != "ok"]
-    if allow_refusal and all(_refused(s) for s in failing):
+    ran = [s for s in refusable or [] if s.status != "not_run"]
+    if refusable is not None and ran and all(_refused(s) for s in failing) and all(_refused(s) for s in ran):
         return Criterion(cid, "not_attempted",
                          f"{what} refused with a clear error ({bad.error.get('type')}: {bad.error.get('message')})")
     how = {"wrong": f"wrong output (max error {bad.max_error:.1e})", "raised": bad.detail,
@@ -76,12 +81,56 @@ def correctness(cid: str, steps: list[StepVerdict], what: str, allow_refusal: bo
     return Criterion(cid, "fail", f"{len(failing)} of {len(steps)} {what} steps fail; first: {_where(bad)}: {how}")
 
 
-def head_mapping(comparison: Comparison) -> Criterion:
-    """Single-token rows in real checkpoint layouts: the output of head h is v of the head it reads."""
-    result = correctness("head_mapping", comparison.in_trials("head-map-"), "single-token head-layout")
+def heads_read(step: StepVerdict, out) -> list[list]:
+    """For a one-token-per-row step: per row, the KV head whose value each query head returned (None: no head's).
+
+    With one key visible, softmax gives it weight 1 whatever the mask or the
+    scale, so the output of head h is exactly the value of the KV head it reads.
+    """
+    v = step.trial.steps[step.index].v_new  # [B, Hkv, 1, d]
+    tol = 1e-6 if step.trial.dtype == "float64" else 1e-3
+    rows = []
+    for b in range(step.trial.B):
+        rows.append([next((kv for kv in range(step.trial.Hkv)
+                           if np.allclose(out[b, h, 0], v[b, kv, 0], rtol=tol, atol=tol)), None)
+                     for h in range(step.trial.Hq)])
+    return rows
+
+
+def head_mapping(comparison: Comparison, outputs_by_trial: dict | None = None) -> Criterion:
+    """Single-token rows in real checkpoint layouts: the output of head h is v of the KV head it reads.
+
+    Fails when some query head returns another KV head's value. When outputs
+    are wrong but are no KV head's value at all, the mapping cannot be told
+    from them: the criterion errors, saying so, and the output checks fail.
+    """
+    steps = comparison.in_trials("head-map-")
+    result = correctness("head_mapping", steps, "single-token head-layout")
+    layouts = "Hq/Hkv = " + ", ".join(f"{s.trial.Hq}/{s.trial.Hkv}" for s in steps)
     if result.status == "pass":
-        result.evidence = ("one-token rows in layouts Hq/Hkv = 32/8, 48/2, 64/8, 16/4, 8/2, 4/1, 4/4: "
-                           "query head h returns v of KV head h // G")
+        result.evidence = f"one-token rows in layouts {layouts}: query head h returns v of KV head h // G"
+        return result
+    if outputs_by_trial is None or result.status != "fail":
+        return result
+    misread, unknown = [], []
+    for s in steps:
+        out = (outputs_by_trial.get(s.trial.name) or [None])[s.index]
+        if s.status != "wrong" or out is None:
+            continue
+        for b, row in enumerate(heads_read(s, out)):
+            for h, kv in enumerate(row):
+                if kv is None:
+                    unknown.append((s, h))
+                elif kv != h // s.trial.G:
+                    misread.append((s, h, kv))
+    if misread:
+        s, h, kv = misread[0]
+        result.evidence = (f"query head {h} returns v of KV head {kv}, not {h} // G = {h // s.trial.G}, "
+                           f"in {len({m[0].trial.name for m in misread})} layouts; first: {_where(s)}")
+    elif unknown:
+        result = Criterion("head_mapping", "error",
+                           f"could not be told: one-token rows return no KV head's value (first: "
+                           f"{_where(unknown[0][0])}); the outputs are wrong for another reason")
     return result
 
 
@@ -92,8 +141,9 @@ def padding(comparison: Comparison) -> Criterion:
         return Criterion("padding", "error", "no step with padded slots returned an output")
     nonfinite = [s for s in padded if s.padding == "nonfinite"]
     if nonfinite:
+        smallest = min(nonfinite, key=lambda s: (s.trial.size, s.index))
         return Criterion("padding", "fail", f"{len(nonfinite)} of {len(padded)} steps with padded slots or "
-                         f"zero-token rows return NaN or inf there; first: {_where(nonfinite[0])}",
+                         f"zero-token rows return NaN or inf there; smallest: {_where(smallest)}",
                          mistakes=["nan_padding"])
     result = Criterion("padding", "pass", f"{len(padded)} steps with padded slots or zero-token rows: all finite")
     finite = [s for s in padded if s.padding == "finite"]

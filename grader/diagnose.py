@@ -1,19 +1,28 @@
-"""Name the mistake behind a wrong output, and find the smallest failing case.
+"""Name the mistake behind a wrong output from what the submission was seen to do.
 
-A wrong trial is replayed in the parent through every planted variant of the
-catalogue (``catalogue.mutants``, planted around the reference solution: all
-trusted code). A variant whose outputs equal the submission's on every step of
-the trial names the mistake. When no variant matches, the pattern of which
-kinds of step fail may still name it (``infer``); otherwise the report says the
-output is wrong and that no known mistake matched.
+Two kinds of evidence, both outputs compared in this process:
+
+* **Recovered structure** (``recover``). The structure trials give ``q = 0``
+  and a one-hot value per token (``catalogue.structure``), so each output is
+  the exact set of keys a query saw and the KV head it read. A mask, head-map
+  or storage mistake is named only when the recovered structure is that
+  mistake's pattern, query for query; the smallest such case is kept as a
+  picture (the mask beside the right one, or the head map).
+* **Exact reproduction** (``match_mutants``), for mistakes no structure shows
+  (a missing ``1/sqrt(d)`` leaves every weight equal at ``q = 0``): a planted
+  mutant of the catalogue whose outputs equal the submission's on a wrong trial.
+
+Nothing is named by elimination: wrong outputs that show no known pattern are
+reported as "wrong output, no known mistake" with the smallest failing case.
 """
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from catalogue import mutants
+from catalogue import mutants, structure
 from grader import jobs
 from grader.child import tasks as child_tasks
 from grader.compare import Comparison
@@ -21,16 +30,149 @@ from grader.suite import Trial
 from solutions import kv_cache as reference
 
 MATCH_TOLERANCE = {"float64": 1e-8, "float32": 1e-4}
-# nan_padding is measured directly on padded slots, never by matching real ones.
-MATCHABLE = {variant: mistake for mistake, variants in mutants.VARIANTS.items()
-             if mistake != "nan_padding" for variant in variants}
+# Mistakes told by exact reproduction: those whose outputs at q = 0 are right.
+REPRODUCED = {"missing_scale": mutants.VARIANTS["missing_scale"]}
+NO_KNOWN_MISTAKE = "wrong output, no known mistake"
+
+
+@dataclass
+class Diagnosis:
+    """What recovery found: ``named`` ``{mistake: evidence}``, pictures of the first wrong case."""
+
+    named: dict = field(default_factory=dict)
+    mask: dict | None = None  # {"case", "row", "head", "keys", "yours", "right", "empty"}
+    heads: dict | None = None  # {"case", "yours", "right"}
+    wrong_queries: int = 0
+    unexplained: int = 0  # wrong queries that show no known pattern (or could not be decoded)
+
+    def pictures(self) -> dict:
+        return {k: v for k, v in (("mask", self.mask), ("heads", self.heads)) if v}
+
+
+def _span(positions) -> str:
+    """``{0, 1, 2, 5}`` as ``0..2, 5``."""
+    out, run = [], []
+    for p in sorted(positions):
+        if run and p == run[-1] + 1:
+            run.append(p)
+            continue
+        if run:
+            out.append(f"{run[0]}..{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [p]
+    if run:
+        out.append(f"{run[0]}..{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out) or "none"
+
+
+def _queries(trial: Trial, outputs: list, comparison_steps: list):
+    """Yield ``(step_index, b, h, t, pos, lens_before, lens_after, T, seen)`` for every real query answered."""
+    lens = np.zeros(trial.B, dtype=np.int64)
+    positions = trial.d // max(trial.B * trial.Hkv, 1)
+    for i, step in enumerate(trial.steps):
+        verdict = comparison_steps[i] if i < len(comparison_steps) else None
+        before, lens = lens, lens + step.n_new
+        got = outputs[i] if i < len(outputs) else None
+        if verdict is None or verdict.status not in ("ok", "wrong") or got is None:
+            if verdict is not None and verdict.status in ("raised", "not_run"):
+                return  # the history after a failed call is unknown
+            continue
+        T = step.q.shape[2]
+        for b in range(trial.B):
+            for t in range(int(step.n_new[b])):
+                for h in range(trial.Hq):
+                    seen = structure.decode(got[b, h, t], trial.B, trial.Hkv, positions)
+                    yield i, b, h, t, int(before[b]) + t, before, lens, T, seen
+
+
+def recover(comparison: Comparison, outputs_by_trial: dict) -> Diagnosis:
+    """Read the structure trials' outputs back into masks and head maps, and name what they show."""
+    diag = Diagnosis()
+    head_sets, mask_sets, examples = [], [], {}
+    for name in dict.fromkeys(s.trial.name for s in comparison.steps if s.kind == "structure"):
+        steps = comparison.in_trials(name)
+        trial = steps[0].trial
+        for i, b, h, t, pos, before, after, T, seen in _queries(trial, outputs_by_trial.get(name, []), steps):
+            case = f"{trial.describe()}; step {i + 1}"
+            if seen is None:
+                diag.wrong_queries += 1
+                diag.unexplained += 1
+                continue
+            heads, masks = structure.classify(seen, b, h, trial.Hkv, trial.G, pos, t, after, trial.steps[i].n_new, T)
+            if "right" in heads and "right" in masks:
+                continue
+            diag.wrong_queries += 1
+            kv = next((kh for (_, kh, _) in seen.tokens), None)
+            got = seen.positions(b, kv) if kv is not None else set()
+            where = f"{case}, row {b}, query head {h}, slot {t}"
+            if "right" not in heads:
+                head_sets.append(heads)
+                for p in heads:
+                    examples.setdefault(p, f"{where} reads KV head {kv}; h // G = {h // trial.G}")
+                if diag.heads is None and kv is not None:
+                    diag.heads = _head_picture(trial, outputs_by_trial[name][i], b, t, case)
+            if "right" not in masks:
+                mask_sets.append(masks)
+                empty = f" and {seen.empty} slot(s) holding no token" if seen.empty else ""
+                for p in masks:
+                    examples.setdefault(p, f"{where} (position {pos}) sees keys {_span(got)}{empty}; "
+                                           f"the right window is 0..{pos}")
+                if diag.mask is None:
+                    diag.mask = _mask_picture(trial, outputs_by_trial[name][i], i, b, h, before, after, case)
+            if not heads or not masks:
+                diag.unexplained += 1
+    for sets in (head_sets, mask_sets):
+        known = [s for s in sets if s]
+        chosen = structure.explain(known) or set()
+        if len(known) < len(sets):
+            continue  # some wrong query shows no known pattern: name none of this part
+        for pattern in sorted(chosen):
+            diag.named.setdefault(structure.mistake_of(pattern),
+                                  f"recovered with q = 0 and one-hot values: {examples[pattern]}")
+    return diag
+
+
+def _mask_picture(trial, out, i, b, h, before, after, case) -> dict:
+    """Every real query of row ``b``, head ``h`` in step ``i``: keys seen against the right window."""
+    positions = trial.d // max(trial.B * trial.Hkv, 1)
+    yours, right, empty = [], [], []
+    for t in range(int(trial.steps[i].n_new[b])):
+        seen = structure.decode(out[b, h, t], trial.B, trial.Hkv, positions)
+        kv = next((kh for (_, kh, _) in seen.tokens), None) if seen else None
+        yours.append(sorted(seen.positions(b, kv)) if seen and kv is not None else [])
+        empty.append(seen.empty if seen else 0)
+        right.append(list(range(int(before[b]) + t + 1)))
+    return {"case": case, "row": b, "head": h, "keys": int(after[b]), "yours": yours, "right": right,
+            "empty": empty}
+
+
+def _head_picture(trial, out, b, t, case) -> dict:
+    """The KV head each query head read (None when it cannot be told) against h // G."""
+    positions = trial.d // max(trial.B * trial.Hkv, 1)
+    yours = []
+    for h in range(trial.Hq):
+        seen = structure.decode(out[b, h, t], trial.B, trial.Hkv, positions)
+        heads = {kh for (_, kh, _) in seen.tokens} if seen else set()
+        yours.append(heads.pop() if len(heads) == 1 else None)
+    return {"case": f"{case}, row {b}, slot {t}", "yours": yours, "right": [h // trial.G for h in range(trial.Hq)]}
+
+
+def picture_lines(picture: dict, kind: str) -> list[str]:
+    """The text grid of a mask picture, or the head map as two rows of numbers."""
+    if kind == "mask":
+        head = f"keys seen by row {picture['row']}, query head {picture['head']} ({picture['case']})"
+        return [head, *structure.grid([set(r) for r in picture["yours"]], [set(r) for r in picture["right"]],
+                                      picture["keys"], picture["empty"])]
+    fmt = lambda xs: " ".join("?" if x is None else str(x) for x in xs)  # noqa: E731
+    return [f"KV head read by each query head ({picture['case']})",
+            f"  query head  {' '.join(str(h) for h in range(len(picture['right'])))}",
+            f"  yours       {fmt(picture['yours'])}", f"  right       {fmt(picture['right'])}"]
 
 
 def _run_variant(variant: str, trial: Trial) -> list:
     KVCache, attention = mutants.plant(variant, reference.KVCache, reference.gqa_attention)
     spec, data = jobs.encode([trial])
     records, flat = child_tasks.run_trials(types.SimpleNamespace(KVCache=KVCache, gqa_attention=attention),
-                                       spec["trials"], data)
+                                           spec["trials"], data)
     flat = iter(flat)
     return [next(flat).reshape(s.q.shape) if i < len(records[0]) and records[0][i].get("stored") else None
             for i, s in enumerate(trial.steps)]
@@ -53,64 +195,36 @@ def _matches(trial: Trial, got: list, want: list) -> bool:
     return compared
 
 
-def match_mutants(comparison: Comparison, outputs_by_trial: dict, limit: int = 4) -> dict[str, str]:
-    """``{mistake_id: evidence}`` for planted variants that reproduce a wrong trial exactly.
+def match_mutants(comparison: Comparison, outputs_by_trial: dict, limit: int = 3) -> dict[str, str]:
+    """``{mistake_id: evidence}`` for planted mutants (``REPRODUCED``) whose outputs equal a wrong trial's.
 
-    ``outputs_by_trial`` maps a trial's name to the submission's per-step outputs.
-    Only the ``limit`` smallest wrong trials are replayed (diagnosis costs time).
+    A mistake is named only when it reproduces every one of the ``limit``
+    smallest wrong trials exactly (diagnosis costs time; one trial could be a
+    coincidence of two mistakes).
     """
-    wrong = {s.trial.name: s.trial for s in comparison.steps if s.status == "wrong"}
-    matches = []  # per examined trial: {mistake: variant} that reproduce it exactly
-    for trial in sorted(wrong.values(), key=lambda t: t.size)[:limit]:
-        got = outputs_by_trial[trial.name]
-        found = {}
-        for variant, mistake in MATCHABLE.items():
-            if mistake not in found and _matches(trial, got, _run_variant(variant, trial)):
-                found[mistake] = f"outputs equal the planted '{variant}' mutant on {trial.describe()}"
-        if found:
-            matches.append(found)
-    # A small trial can be reproduced by two mistakes at once (a chunk after one
-    # cached token looks like "one key too few"); keep the names that explain
-    # every trial something explained, else the ones that explain the most.
-    counts = {}
-    for found in matches:
-        for mistake in found:
-            counts[mistake] = counts.get(mistake, 0) + 1
-    if not counts:
-        return {}
-    best = max(counts.values())
-    keep = [m for m, n in counts.items() if n == len(matches)] or [m for m, n in counts.items() if n == best]
-    return {m: next(f[m] for f in matches if m in f) for m in keep}
-
-
-def infer(criteria: dict, comparison: Comparison) -> dict[str, str]:
-    """Mistakes named by which checks fail together, when no mutant matched exactly."""
-    status = {cid: c.status for cid, c in criteria.items()}
+    wrong = {s.trial.name: s.trial for s in comparison.steps if s.status == "wrong" and s.kind != "structure"}
+    examined = sorted(wrong.values(), key=lambda t: t.size)[:limit]
     named = {}
-    uniform_ok = status.get("decode") == "pass" and status.get("full_prefill") == "pass"
-    chunked = [s for s in comparison.of_kind("chunked_prefill") if s.status == "wrong"]
-    if uniform_ok and chunked:
-        named["chunk_local_mask"] = ("decode and full prefill are right, chunked prefill (1 < T < S) is wrong: "
-                                     "the mask is not aligned to the end of the cache")
-    ragged = [s for s in comparison.of_kind("ragged") if s.status == "wrong"]
-    if uniform_ok and status.get("chunked_prefill") == "pass" and ragged:
-        named["ragged_keys_unmasked"] = ("every check on rows of one length passes; rows of different lengths "
-                                         "are wrong: a shorter row attends past its own length")
-    head_map = comparison.in_trials("head-map-")
-    trivial = [s for s in head_map if s.trial.Hkv == 1 or s.trial.G == 1]
-    layouts = [s for s in head_map if s.trial.Hkv > 1 and s.trial.G > 1]
-    if trivial and all(s.status == "ok" for s in trivial) and any(s.status == "wrong" for s in layouts):
-        named["modulo_head_mapping"] = ("one-token rows are right when Hkv = 1 or G = 1 and wrong in real GQA "
-                                        "layouts: query heads read the wrong KV head")
+    for mistake, variants in REPRODUCED.items():
+        for variant in variants:
+            if examined and all(_matches(t, outputs_by_trial[t.name], _run_variant(variant, t)) for t in examined):
+                named[mistake] = (f"outputs equal the planted '{variant}' mutant on the {len(examined)} smallest "
+                                  f"wrong trials, e.g. {examined[0].describe()}")
+                break
     return named
 
 
 def smallest_failing(comparison: Comparison) -> str | None:
-    """The smallest configuration whose step fails, in words (the small cases are tried in order of size)."""
-    failing = [s for s in comparison.steps if s.status != "ok"]
+    """The smallest configuration whose step fails, in words (the small cases are tried in order of size).
+
+    A step whose real slots are right but whose padded slots are NaN or inf
+    counts as failing (the ``nan_padding`` case).
+    """
+    failing = [s for s in comparison.steps
+               if s.kind != "structure" and (s.status != "ok" or s.padding == "nonfinite")]
     if not failing:
         return None
     step = min(failing, key=lambda s: (s.trial.size, s.index))
     what = {"wrong": "wrong output", "raised": step.detail, "bad_output": step.detail,
-            "not_run": step.detail}[step.status]
+            "not_run": step.detail, "ok": "NaN or inf in padded query slots"}[step.status]
     return f"{step.trial.describe()}; step {step.index + 1} ({step.kind.replace('_', ' ')}): {what}"

@@ -73,38 +73,50 @@ def _outputs_by_trial(trials, outputs) -> dict:
     return {t.name: out for t, out in zip(trials, outputs)}
 
 
-def _correctness_criteria(comparison) -> dict:
+def _correctness_criteria(comparison, outputs_by_trial) -> dict:
+    refusable = [s for s in comparison.steps if s.chunk_after_prefix and s.kind not in ("structure", "edge")]
     c = {
-        "head_mapping": criteria_mod.head_mapping(comparison),
+        "head_mapping": criteria_mod.head_mapping(comparison, outputs_by_trial),
         "decode": criteria_mod.correctness("decode", comparison.of_kind("decode"), "decode"),
         "full_prefill": criteria_mod.correctness("full_prefill", comparison.of_kind("full_prefill"), "full prefill"),
         "chunked_prefill": criteria_mod.correctness("chunked_prefill", comparison.of_kind("chunked_prefill"),
-                                                "chunked prefill", allow_refusal=True),
+                                                    "chunked prefill", refusable=refusable),
         "ragged_rows": criteria_mod.correctness("ragged_rows", comparison.of_kind("ragged"), "ragged-row"),
         "padding": criteria_mod.padding(comparison),
     }
     return c
 
 
-def _name_mistakes(criteria: dict, comparison, outputs_by_trial) -> dict:
-    """``{mistake: evidence}``: measured ones, mutants matched exactly, then inferred ones."""
+CORRECTNESS = ("head_mapping", "decode", "full_prefill", "chunked_prefill", "ragged_rows")
+
+
+def _name_mistakes(criteria: dict, comparison, outputs_by_trial) -> tuple[dict, "diagnose.Diagnosis"]:
+    """``({mistake: evidence}, diagnosis)``: measured mistakes, then what the outputs show.
+
+    Mask, head-map and storage mistakes come from the structure recovered with
+    ``q = 0`` (``diagnose.recover``), and only when a hidden check of outputs
+    fails; ``missing_scale`` from exact reproduction. Nothing by elimination.
+    """
     named = {}
     for crit in criteria.values():
         for m in crit.mistakes:
             named.setdefault(m, crit.evidence)
-    matched = diagnose.match_mutants(comparison, outputs_by_trial)
-    for m, why in {**diagnose.infer(criteria, comparison), **matched}.items():
-        named[m] = why
-    # A refusal of chunked prefill with a clear error is not the chunk-local mistake.
+    diagnosis = diagnose.Diagnosis()
+    if any(criteria[c].status == "fail" for c in CORRECTNESS if c in criteria):
+        diagnosis = diagnose.recover(comparison, outputs_by_trial)
+        named.update(diagnosis.named)
+        named.update(diagnose.match_mutants(comparison, outputs_by_trial))
+    # A refusal of chunked prefill with a clear error names no chunked-prefill mistake.
     if criteria["chunked_prefill"].status == "not_attempted":
-        named.pop("chunk_local_mask", None)
+        for m in ("chunk_local_mask", "future_keys_visible"):
+            named.pop(m, None)
     # Attach each name to the criterion the catalogue files it under.
     mistakes_doc, _ = load_catalogue()
     for m in named:
         cid = mistakes_doc.get(m, {}).get("criterion")
         if cid in criteria and m not in criteria[cid].mistakes:
             criteria[cid].mistakes.append(m)
-    return named
+    return named, diagnosis
 
 
 def _probe_runs(session, backend: str, plan) -> dict:
@@ -157,8 +169,8 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
         return criteria_mod.Criterion("torch_port", "error", f"the port's outputs are malformed: {exc}"), {}, []
     if answer is None:
         return criteria_mod.Criterion("torch_port", "error", f"kv_cache_torch.py: {comparison}"), {}, []
-    crits = _correctness_criteria(comparison)
-    named = _name_mistakes(crits, comparison, _outputs_by_trial(trials, outputs))
+    crits = _correctness_criteria(comparison, _outputs_by_trial(trials, outputs))
+    named, _ = _name_mistakes(crits, comparison, _outputs_by_trial(trials, outputs))
     measured = _measured_criteria(_probe_runs(session, "torch", plan), [], decode_ok=crits["decode"].status == "pass")
     overflow = criteria_mod.overflow_from_trials(comparison)
     notes = []
@@ -260,7 +272,8 @@ def _evaluate(name, options, level, started, plan, sessions, answer, comparison,
     """Criteria, mistakes and the report, from the sessions' answers and measurements."""
     trials = plan.trials
     session = sessions["numpy"]
-    criteria = _correctness_criteria(comparison)
+    by_trial = _outputs_by_trial(trials, outputs)
+    criteria = _correctness_criteria(comparison, by_trial)
     moved = [s for s in comparison.steps if s.buffers_moved]
     explain = [f"in-process: K/V buffers replaced by new objects in {len({s.trial.name for s in moved})} "
                "hidden trials"] if moved else []
@@ -269,7 +282,7 @@ def _evaluate(name, options, level, started, plan, sessions, answer, comparison,
     criteria["overflow_atomic"] = criteria_mod.overflow_from_trials(comparison)
     criteria["cost_model"] = criteria_mod.cost_model(answer.get("cost") if "cost.py" in files else None,
                                                      expected_costs())
-    named = _name_mistakes(criteria, comparison, _outputs_by_trial(trials, outputs))
+    named, diagnosis = _name_mistakes(criteria, comparison, by_trial)
     criteria["own_tests"] = owntests.criterion(session, plan.test_files, plan.own_task)
     port_named = {}
     if "kv_cache_torch.py" in files:
@@ -284,36 +297,72 @@ def _evaluate(name, options, level, started, plan, sessions, answer, comparison,
     for crit in criteria.values():
         notes += crit.notes
     return build_report(name, options, criteria, named, port_named, notes, level, started,
-                        diagnose.smallest_failing(comparison))
+                        diagnose.smallest_failing(comparison), diagnosis)
 
 
-def build_report(name, options, criteria, named, port_named, notes, level, started, smallest) -> dict:
+def follow_ups(criteria: dict, named: list, mistakes_doc: dict, general: list, count: int = 3) -> list[dict]:
+    """Questions chosen from the diagnosis: one per named mistake, the chunked-prefill question after a
+    refusal of chunked prefill, then general questions about parts that did not pass (or about none)."""
+    chosen = list(named)
+    if criteria.get("chunked_prefill") and criteria["chunked_prefill"].status == "not_attempted":
+        chosen.append("chunk_local_mask")  # what the refused call must do
+    out = [{"mistake": m, "question": mistakes_doc[m]["question"], "answer": mistakes_doc[m]["answer"]}
+           for m in dict.fromkeys(chosen) if m in mistakes_doc]
+    for q in general:
+        if len(out) >= count:
+            break
+        about = q.get("criterion")
+        if about is None or (about in criteria and criteria[about].status != "pass"):
+            out.append({"mistake": None, "question": q["question"], "answer": q["answer"]})
+    return out
+
+
+def _diagnosis_entry(criteria: dict, named: dict, diagnosis) -> dict | None:
+    """The report's ``diagnosis``: what the wrong outputs show, in words and pictures."""
+    wrong = [c for c in CORRECTNESS if c in criteria and criteria[c].status == "fail"]
+    if not wrong:
+        return None
+    pictures = diagnosis.pictures() if diagnosis else {}
+    mistakes_doc, _ = load_catalogue()
+    shown = sorted(m for m in named if mistakes_doc.get(m, {}).get("shown_by") in ("structure", "reproduction"))
+    summary = f"recovered: {', '.join(shown)}" if shown else diagnose.NO_KNOWN_MISTAKE
+    return {"summary": summary, "pictures": pictures,
+            "lines": [line for kind, pic in pictures.items() for line in diagnose.picture_lines(pic, kind)]}
+
+
+def build_report(name, options, criteria, named, port_named, notes, level, started, smallest,
+                 diagnosis: diagnose.Diagnosis | None = None) -> dict:
     """Assemble the ``kvkit.report/1`` dict from decided criteria and named mistakes."""
     rubric = options.rubric
     mistakes_doc, general = load_catalogue()
     statuses = {cid: c.status for cid, c in criteria.items()}
-    tier, reason = rubric.tier(statuses, sorted(named), sorted(port_named))
-    crit_list, score = [], 0.0
+    tier, reason = rubric.tier(statuses, sorted(named), sorted(port_named),
+                               {cid: c.evidence for cid, c in criteria.items()})
+    crit_list, earned, counted = [], 0.0, 0.0
     for cid, spec in rubric.criteria.items():
         c = criteria.get(cid) or criteria_mod.Criterion(cid, "error", "not measured")
         points = float(spec["points"]) if c.status == "pass" else 0.0
-        score += points
+        # An optional section (tier "none") not attempted counts neither for nor against.
+        counts = not (spec["tier"] == "none" and c.status == "not_attempted")
+        earned += points
+        counted += float(spec["points"]) if counts else 0.0
         crit_list.append({"id": cid, "title": spec["title"], "status": c.status, "points": points,
                           "max_points": float(spec["points"]), "evidence": c.evidence, "mistakes": list(c.mistakes),
-                          "section": "torch" if cid == "torch_port" else "numpy", "tier": spec["tier"]})
+                          "section": "torch" if cid == "torch_port" else "numpy", "tier": spec["tier"],
+                          "counted": counts})
+    score = earned * rubric.max_score / counted if counted else 0.0
     all_named = sorted(set(named) | set(port_named))
-    follow_ups = [{"mistake": m, "question": mistakes_doc[m]["question"], "answer": mistakes_doc[m]["answer"]}
-                  for m in all_named if m in mistakes_doc]
-    if len(follow_ups) < 3:
-        follow_ups += [{"mistake": None, **q} for q in general[: 3 - len(follow_ups)]]
     return {
         "schema": SCHEMA, "submission": name, "seed": options.seed, "status": "graded", "graded": True,
         "tier": tier, "tier_reason": reason,
         "score": round(score, 2), "max_score": rubric.max_score, "criteria": crit_list,
         "mistakes": all_named,
         "mistake_evidence": {m: named.get(m) or port_named.get(m) for m in all_named},
-        "port_mistakes": sorted(port_named),
-        "smallest_failing": smallest, "notes": notes, "follow_ups": follow_ups,
+        "numpy_mistakes": sorted(named), "port_mistakes": sorted(port_named),
+        "port_cap": rubric.port_mistake_cap if port_named else None,
+        "smallest_failing": smallest, "notes": notes,
+        "diagnosis": _diagnosis_entry(criteria, named, diagnosis),
+        "follow_ups": follow_ups(criteria, all_named, mistakes_doc, general),
         "isolation": level, "duration_s": round(time.monotonic() - started, 2),
         "trials": {"random": options.trials, "planted_mutants": list(catalogue_mutants.PLANTED)},
     }

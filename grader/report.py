@@ -132,9 +132,14 @@ def print_report(report: dict, console=None, rubric=None, audience: str = "hirin
                       evidence)
     console.print(table)
     if report.get("mistakes"):
-        console.print(Text.assemble(("Mistakes: ", "bold red"), clean(", ".join(report["mistakes"]))))
+        console.print(Text.assemble(("Mistakes: ", "bold red"), clean(mistakes_line(report))))
     if report.get("smallest_failing"):
         console.print(Text.assemble(("Smallest failing case: ", "bold"), clean(report["smallest_failing"])))
+    diagnosis = report.get("diagnosis") or {}
+    if diagnosis:
+        console.print(Text.assemble(("Diagnosis: ", "bold"), clean(diagnosis.get("summary", ""))))
+        for line in diagnosis.get("lines", []):
+            console.print(Text("  " + clean(line)), highlight=False)
     for note in report.get("notes", []):
         console.print(Text.assemble(("note: ", "yellow"), clean(note)))
     if report.get("follow_ups") and audience == "hiring":
@@ -143,13 +148,45 @@ def print_report(report: dict, console=None, rubric=None, audience: str = "hirin
             console.print(Text.assemble(f"  - {clean(q['question'])}  ", (f"expect: {clean(q['answer'])}", "dim")))
 
 
-def markdown(reports: list[dict], rubric=None, audience: str = "hiring") -> str:
-    """All reports as one Markdown document (a summary table, then one section each); all text escaped."""
+def mistakes_line(report: dict) -> str:
+    """Named mistakes tagged by section: ``numpy: a, b; port: kv_repeat (caps the tier at Hire)``."""
+    port = list(report.get("port_mistakes") or [])
+    numpy_side = report.get("numpy_mistakes")
+    if numpy_side is None:  # reports of older kits
+        numpy_side = [m for m in report.get("mistakes", []) if m not in port]
+    parts = [f"numpy: {', '.join(numpy_side)}"] if numpy_side else []
+    if port:
+        cap = report.get("port_cap")
+        parts.append(f"port: {', '.join(port)}" + (f" (caps the tier at {cap})" if cap else ""))
+    return "; ".join(parts)
+
+
+def write_markdown(path: str, reports: list[dict], rubric=None, audience: str = "hiring") -> None:
+    """Write the Markdown report to ``path`` and each diagnosis picture as a PNG beside it (``<stem>-img/``)."""
+    from grader import pictures
+
+    stem = os.path.splitext(os.path.basename(path))[0]
+    folder = os.path.join(os.path.dirname(os.path.abspath(path)), f"{stem}-img")
+    images = {}
+    for i, r in enumerate(reports):
+        for kind, pic in ((r.get("diagnosis") or {}).get("pictures") or {}).items():
+            name = f"{i:03d}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', str(r.get('submission')))[:60]}-{kind}.png"
+            pictures.save(pic, kind, os.path.join(folder, name))
+            images.setdefault(i, []).append((kind, f"{stem}-img/{name}"))
+    write_text_atomic(path, markdown(reports, rubric, audience, images))
+
+
+def markdown(reports: list[dict], rubric=None, audience: str = "hiring", images: dict | None = None) -> str:
+    """All reports as one Markdown document (a summary table, then one section each); all text escaped.
+
+    ``images``: report index -> ``[(kind, relative PNG path)]`` written by :func:`write_markdown`.
+    """
+    images = images or {}
     lines = ["# kvkit grading report", "", "| submission | tier | score | mistakes |", "| --- | --- | --- | --- |"]
     for r in reports:
         lines.append(f"| {md(r['submission'], 200)} | {md(headline(r, rubric, audience))} | "
                      f"{r['score']:g}/{r['max_score']:g} | {md(', '.join(r['mistakes'])) or '-'} |")
-    for r in reports:
+    for i, r in enumerate(reports):
         lines += ["", f"## {md(r['submission'], 200)}: {md(headline(r, rubric, audience))} "
                       f"({r['score']:g}/{r['max_score']:g})", "",
                   f"{md(reason(r, rubric, audience))}. Seed {r['seed']}, isolation: {md(r['isolation'])}.", "",
@@ -159,8 +196,16 @@ def markdown(reports: list[dict], rubric=None, audience: str = "hiring") -> str:
             if c["mistakes"]:
                 evidence += f" (**{md(', '.join(c['mistakes']))}**)"  # catalogue ids, escaped all the same
             lines.append(f"| {md(c['title'])} | {c['status']} | {c['points']:g}/{c['max_points']:g} | {evidence} |")
+        if r.get("mistakes"):
+            lines += ["", f"Mistakes: {md(mistakes_line(r))}"]
         if r.get("smallest_failing"):
             lines += ["", f"Smallest failing case: {md(r['smallest_failing'])}"]
+        diagnosis = r.get("diagnosis") or {}
+        if diagnosis:
+            lines += ["", f"Diagnosis: {md(diagnosis.get('summary', ''))}"]
+            if diagnosis.get("lines"):
+                lines += ["", "```text", *[clean(line).replace("`", "'") for line in diagnosis["lines"]], "```"]
+            lines += [f"![{kind}]({src})" for kind, src in images.get(i, [])]
         for note in r.get("notes", []):
             lines.append(f"- note: {md(note)}")
         if r.get("follow_ups") and audience == "hiring":
@@ -184,6 +229,10 @@ def gradescope(report: dict, rubric=None, audience: str = "class") -> dict:
     output = f"{word}: {headline(report, rubric, audience)}. {clean(reason(report, rubric, audience))}."
     if report.get("smallest_failing"):
         output += f"\nSmallest failing case: {clean(report['smallest_failing'])}"
+    diagnosis = report.get("diagnosis") or {}
+    if diagnosis:
+        output += f"\nDiagnosis: {clean(diagnosis.get('summary', ''))}"
+        output += "".join(f"\n  {clean(line)}" for line in diagnosis.get("lines", []))
     if report.get("error"):
         output += f"\n{clean(report['error'])}"
     return {"score": report["score"], "max_score": report["max_score"], "output": output,

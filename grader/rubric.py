@@ -53,13 +53,29 @@ class Rubric:
         pattern = "|".join(re.escape(t) for t in sorted(TIERS, key=len, reverse=True))
         return re.sub(rf"\b({pattern})\b", lambda m: table[m.group(1)], text)
 
-    def tier(self, statuses: dict, numpy_mistakes: list, port_mistakes: list) -> tuple[str, str]:
-        """``(tier, reason)`` from criterion statuses and the mistakes named in each section."""
+    def tier(self, statuses: dict, numpy_mistakes: list, port_mistakes: list,
+             evidence: dict | None = None) -> tuple[str, str]:
+        """``(tier, reason)`` from criterion statuses and the mistakes named in each section.
+
+        ``evidence`` (criterion id -> text) lets the reason say why a check
+        errored rather than calling it "not passed".
+        """
         weak = [m for m in numpy_mistakes if m in self.weak_mistakes]
         missing_hire = [c for c, spec in self.criteria.items() if spec["tier"] == "Hire" and statuses.get(c) != "pass"]
         if weak:
             return "Weak", f"{'mistakes that make' if len(weak) > 1 else 'a mistake that makes'} the verdict Weak: {', '.join(weak)}"
-        title = lambda ids: "; ".join(self.criteria[c]["title"] for c in ids)
+        evidence = evidence or {}
+
+        def title(ids):
+            parts = []
+            # Checks that failed first: they are the cause; errored checks say why they errored.
+            for c in sorted(ids, key=lambda c: statuses.get(c) == "error"):
+                text = self.criteria[c]["title"]
+                if statuses.get(c) == "error":
+                    why = str(evidence.get(c) or "no evidence")[:160]
+                    text += f" (the check errored: {why})"
+                parts.append(text)
+            return "; ".join(parts)
         if missing_hire:
             return "Weak", f"not Hire: not passed: {title(missing_hire)}"
         missing_strong = [c for c, spec in self.criteria.items()

@@ -10,6 +10,9 @@ with ``n_new`` real tokens per row and asks for the attention of ``q``. Three se
   checkpoints (Hq/Hkv = 32/8, 48/2, 64/8, 16/4).
 * ``small_cases``: tiny configurations in order of size, so the first one that
   fails is the smallest failing configuration a report can show.
+* ``structure_trials``: ``q = 0`` and one-hot values (``catalogue.structure``),
+  from which diagnosis reads the keys each query sees and the KV head each
+  query head reads. They decide no criterion.
 
 Every value is drawn from a seeded generator, so a seed fixes the whole suite.
 """
@@ -20,6 +23,8 @@ import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from catalogue import structure
 
 
 @dataclass
@@ -41,7 +46,7 @@ class Trial:
     """A cache ``[B, Hkv, max_len, d]`` of ``dtype`` and the steps run against it."""
 
     name: str
-    group: str  # "random", "targeted" or "small"
+    group: str  # "random", "targeted", "small" or "structure"
     B: int
     Hkv: int
     G: int
@@ -177,12 +182,13 @@ def overflow_trials(seed: int) -> list[Trial]:
     append. So the verdict comes from outputs (a row that claims tokens it
     never stored reads the wrong keys), never from what the child says.
     The overflowing row is the last, then the first (rows before it are the
-    ones an eager loop moves).
+    ones an eager loop moves). Histories are uniform, so a design that is
+    right only on rows that move together is judged on overflow alone.
     """
     rng = np.random.default_rng([seed, 4])
     trials = []
-    for name, before, over in (("overflow-last-row", [3, 6], [2, 3]), ("overflow-first-row", [7, 1], [2, 2])):
-        trial = build(name, "targeted", rng, 2, 2, 2, 4, [[before[0], 0], [0, before[1]]], max_len=8, T=[8, 8])
+    for name, before, over in (("overflow-last-row", 7, [1, 2]), ("overflow-first-row", 7, [2, 1])):
+        trial = build(name, "targeted", rng, 2, 2, 2, 4, [[before, before]], max_len=8)
         # The overflowing append: T = max(over), wider than the space left in the row that overflows.
         step = _step(rng, 2, 2, 2, 4, over, max(over), "float64")
         step.overflow = True
@@ -213,7 +219,39 @@ def small_cases(seed: int) -> list[Trial]:
     return sorted(cases, key=lambda trial: trial.size)
 
 
+# Histories for structure recovery: prefixes of 3+ tokens before every chunk, so no two
+# mask patterns give the same window; Hkv = 4, G = 2, so h // G, h % Hkv and h // Hkv differ.
+STRUCTURE = {
+    "structure-uniform": (1, [[4], [3], [1], [2]]),
+    "structure-ragged": (2, [[4, 2], [3, 3], [1, 1], [0, 2]]),
+}
+
+
+def structure_trials(seed: int) -> list[Trial]:
+    """Trials with ``q = 0`` and a one-hot value per token (see ``catalogue.structure``).
+
+    Each token's value is 1 on its own coordinate (row, KV head, position), so
+    ``head_dim = B * Hkv * positions``; padded slots are all 0. Keys are random:
+    with ``q = 0`` they do not change any score.
+    """
+    rng = np.random.default_rng([seed, 5])
+    trials = []
+    for name, (B, chunks) in STRUCTURE.items():
+        positions = int(np.sum(chunks, axis=0).max())
+        Hkv, G = 4, 2
+        trial = build(name, "structure", rng, B, Hkv, G, structure.head_dim_for(B, Hkv, positions), chunks)
+        lens = np.zeros(B, dtype=np.int64)
+        for step in trial.steps:
+            T = step.q.shape[2]
+            step.v_new = structure.one_hot_values(B, Hkv, positions, lens, step.n_new, T)
+            step.q = np.zeros_like(step.q)
+            lens = lens + step.n_new
+        trials.append(trial)
+    return trials
+
+
 @functools.lru_cache(maxsize=4)
 def hidden_suite(seed: int, count: int = 200) -> list[Trial]:
-    """Every trial the grader runs: random, targeted, overflow and small cases (built once per seed)."""
-    return random_trials(seed, count) + targeted_trials(seed) + overflow_trials(seed) + small_cases(seed)
+    """Every trial the grader runs: random, targeted, overflow, small and structure cases (built once per seed)."""
+    return (random_trials(seed, count) + targeted_trials(seed) + overflow_trials(seed) + small_cases(seed)
+            + structure_trials(seed))

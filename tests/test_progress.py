@@ -11,6 +11,7 @@ import ast
 import importlib.util
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from kvkit import cli, progress
 
 KIT = Path(__file__).resolve().parent.parent
 EXERCISES = KIT / "exercises"
+SOLUTIONS = KIT / "solutions"
 
 
 def _test_steps():
@@ -245,3 +247,60 @@ def test_progress_py_runs_as_a_script_without_the_kit(tmp_path):
     proc = subprocess.run([sys.executable, script, "hint", "--step", "2"], cwd=folder, capture_output=True,
                           text=True, env=env, timeout=120)
     assert proc.returncode == 0 and "Hint 1 of 3: first of two" in proc.stdout, proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------- a check that never returns
+
+def looping_copy(target: Path, loop: str) -> tuple[Path, int]:
+    """A fresh copy of exercises/ holding the reference, except that gqa_attention runs ``loop`` forever.
+
+    Returns the folder and the line number of the loop's first line in kv_cache.py.
+    """
+    folder = fresh_copy(target)
+    for name in ("kv_cache_torch.py", "cost.py"):
+        shutil.copyfile(SOLUTIONS / name, folder / name)
+    source = (SOLUTIONS / "kv_cache.py").read_text()
+    anchor = "    out = np.zeros(q.shape, dtype=q.dtype)\n"
+    assert anchor in source
+    before = source[:source.index(anchor) + len(anchor)]
+    (folder / "kv_cache.py").write_text(before + loop + source[len(before):])
+    return folder, before.count("\n") + 1
+
+
+def test_an_endless_loop_is_named_with_its_function_and_line_in_bounded_time(tmp_path):
+    folder, line = looping_copy(tmp_path / "exercises", "    i = 0\n    while i < 10:\n        i = i * 1\n")
+    c = console()
+    start = time.monotonic()
+    code = progress.progress_main(["--dir", str(folder), "--timeout", "1"], console=c)
+    elapsed = time.monotonic() - start
+    out = text_of(c)
+    assert code == 1
+    assert elapsed < 60, f"took {elapsed:.0f} s"  # about 4 s here: step 1, then step 2's first check, 1 s
+    assert "running step 1: A cache allocated once" in out and "running step 2: GQA heads" in out, out
+    assert out.index("running step 2") < out.index("your progress")
+    assert "<- you are here" in next(row for row in out.splitlines() if "step 2  " in row)
+    failure = re.search(r"step 2: gqa_attention did not return within 1 s on (.+) \(kv_cache\.py line (\d+)", out)
+    assert failure, out
+    assert "B=1" in failure[1] and int(failure[2]) in (line + 1, line + 2), (failure[0], line)
+    assert "an endless loop?" in out and "--timeout" in out
+    assert "got stuck first" in out  # the steps after it were not left running into the same loop
+
+
+def test_a_loop_that_swallows_the_interruption_is_ended_and_named_by_the_standalone_script(tmp_path):
+    """The backstop: faulthandler writes the stuck stack to a file, ends pytest, and progress.py reads it back."""
+    loop = "    while True:\n        try:\n            sum(range(100))\n        except BaseException:\n            pass\n"
+    folder, line = looping_copy(tmp_path / "exercises", loop)
+    script = shutil.copy(progress.__file__, folder / "progress.py")
+    env = {k: v for k, v in os.environ.items() if k != "KVKIT_IMPL"}
+    env["KVKIT_CHECK_TIMEOUT"] = "1"
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-S", script], cwd=folder, capture_output=True, text=True, env=env,
+                          timeout=120)
+    elapsed = time.monotonic() - start
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr
+    assert elapsed < 60, f"took {elapsed:.0f} s"  # about 7 s: 1 s, the backstop's 3 s grace, pytest's start
+    assert "running step 2: GQA heads" in out, out
+    assert re.search(rf"step 2: gqa_attention did not return within 1 s on .+ \(kv_cache\.py line "
+                     rf"({line + 1}|{line + 2}|{line + 3})\b", out), out
+    assert "did not stop when interrupted" in out

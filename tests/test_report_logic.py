@@ -183,3 +183,95 @@ def test_a_rubric_whose_points_do_not_add_up_is_refused(tmp_path):
     (tmp_path / "r.toml").write_text(text)
     with pytest.raises(RubricError, match="add up to 100"):
         load(str(tmp_path / "r.toml"))
+
+
+# --- the rubric, scores and questions as build_report applies them ------------------------------
+
+from grader import criteria as criteria_mod  # noqa: E402
+from grader import grade as grade_mod  # noqa: E402
+
+
+def decided(overrides: dict | None = None) -> dict:
+    """Every rubric criterion passing, with ``overrides`` ({id: (status, evidence)})."""
+    out = {cid: criteria_mod.Criterion(cid, "pass", "ok") for cid in RUBRIC.criteria}
+    for cid, (status, evidence) in (overrides or {}).items():
+        out[cid] = criteria_mod.Criterion(cid, status, evidence)
+    return out
+
+
+def built(crits: dict, named=None, port_named=None) -> dict:
+    options = grade_mod.Options(seed=1, rubric=RUBRIC)
+    return grade_mod.build_report("x", options, crits, named or {}, port_named or {}, [], "test", 0.0, None)
+
+
+def test_an_optional_section_not_attempted_counts_neither_for_nor_against():
+    perfect_without_port = built(decided({"torch_port": ("not_attempted", "no kv_cache_torch.py")}))
+    assert perfect_without_port["tier"] == "Strong Hire" and perfect_without_port["score"] == RUBRIC.max_score
+    capped = built(decided({"torch_port": ("fail", "port mistakes: kv_repeat")}), port_named={"kv_repeat": "peak"})
+    assert capped["tier"] == "Hire" and capped["score"] < perfect_without_port["score"]
+    # A Strong Hire criterion not attempted (own tests) still counts against.
+    no_tests = built(decided({"own_tests": ("not_attempted", "no tests")}))
+    assert no_tests["score"] < RUBRIC.max_score
+
+
+def test_the_tier_reason_says_a_check_errored_and_why():
+    r = built(decided({"no_kv_repeat": ("error", "the memory probe raised IndexError in attention"),
+                       "decode": ("fail", "3 of 9 decode steps fail")}))
+    assert r["tier"] == "Weak"
+    reason = r["tier_reason"]
+    assert "the check errored: the memory probe raised IndexError" in reason
+    assert reason.index("Decode") < reason.index("No materialised")  # the failure, the cause, first
+
+
+def test_port_mistakes_are_tagged_by_section_and_the_cap_is_spelled_out():
+    r = built(decided({"torch_port": ("fail", "port mistakes: kv_repeat")}), port_named={"kv_repeat": "peak"})
+    assert report.mistakes_line(r) == "port: kv_repeat (caps the tier at Hire)"
+    assert "port: kv_repeat (caps the tier at Hire)" in r["tier_reason"]
+
+
+def test_follow_ups_follow_the_diagnosis():
+    asked = lambda r: [q["question"] for q in r["follow_ups"]]  # noqa: E731
+    port_q = next(q["question"] for q in grade_mod.load_catalogue()[1] if q.get("criterion") == "torch_port")
+    assert port_q not in asked(built(decided()))  # the port passed: no port question
+    assert port_q in asked(built(decided({"torch_port": ("not_attempted", "none")})))
+    refused = built(decided({"chunked_prefill": ("not_attempted", "refused with a clear error")}))
+    assert refused["follow_ups"][0]["mistake"] == "chunk_local_mask"  # what the refused call must do
+    named = built(decided({"decode": ("fail", "wrong")}), named={"missing_scale": "reproduced"})
+    assert named["follow_ups"][0]["mistake"] == "missing_scale"
+
+
+def _steps(statuses, value_error=True):
+    """Step verdicts of one trial: each a chunk after cached tokens, with the given statuses."""
+    from grader.compare import StepVerdict
+    from grader.suite import Trial
+
+    trial = Trial("t", "targeted", 1, 1, 1, 2, 8)
+    return [StepVerdict(trial, i, "chunked_prefill", s, detail="append raised ValueError: no chunks",
+                        error={"type": "ValueError", "message": "no chunks", "value_error": value_error}
+                        if s == "raised" else None, chunk_after_prefix=True)
+            for i, s in enumerate(statuses)]
+
+
+def test_a_refusal_is_credited_only_when_every_chunked_call_was_refused():
+    every = _steps(["raised", "raised"])
+    assert criteria_mod.correctness("chunked_prefill", every, "chunked", refusable=every).status == "not_attempted"
+    some = _steps(["raised", "ok"])  # a uniform chunk refused, another answered: the refusal is no rule
+    ragged_answered = _steps(["wrong"])
+    result = criteria_mod.correctness("chunked_prefill", some[:1], "chunked", refusable=some + ragged_answered)
+    assert result.status == "fail"
+    unclear = _steps(["raised"], value_error=False)
+    unclear[0].error["type"] = "IndexError"
+    assert criteria_mod.correctness("chunked_prefill", unclear, "chunked", refusable=unclear).status == "fail"
+
+
+def test_nan_padding_gets_its_smallest_failing_case():
+    from grader import diagnose
+    from grader.compare import Comparison, StepVerdict
+    from grader.suite import Trial
+
+    big, small = Trial("big", "random", 3, 2, 4, 16, 40), Trial("small", "small", 1, 1, 1, 2, 4)
+    comparison = Comparison([StepVerdict(big, 0, "ragged", "ok", padding="nonfinite"),
+                             StepVerdict(small, 2, "ragged", "ok", padding="nonfinite")])
+    assert "NaN or inf in padded query slots" in diagnose.smallest_failing(comparison)
+    assert "B=1" in diagnose.smallest_failing(comparison)
+    assert "smallest: step 3 of trial 'small'" in criteria_mod.padding(comparison).evidence
