@@ -425,3 +425,42 @@ def _probe_error(cid: str, probe) -> Criterion:
         err = probe["error"]
         return Criterion(cid, "error", f"the check raised {err.get('type')}: {err.get('message')}")
     return Criterion(cid, "error", "the check did not report (the child died or was stopped before it)")
+
+
+@dataclass(frozen=True)
+class CriterionSpec:
+    """One criterion of the registry: what it means and what decides it (points and tier are the rubric's)."""
+
+    id: str
+    title: str
+    decided_by: str  # the function of this module that decides it
+    reads: tuple  # step kinds ("decode", ...), trial names ("head-map-*"), probes ("probe:grow") or files it reads
+
+
+# The one registry of criteria. grader/rubric.toml gives each id its points and its tier;
+# the grader decides each with ``decided_by`` from the evidence in ``reads``; reports,
+# the notebook and the learner's checks use these ids and titles.
+REGISTRY = {spec.id: spec for spec in (
+    CriterionSpec("preallocated_in_place", "Preallocated cache, written in place at the current length",
+                  "in_place", ("probe:grow",)),
+    CriterionSpec("no_kv_repeat", "No materialised K/V repeat", "no_repeat", ("probe:memory",)),
+    CriterionSpec("head_mapping", "Query head h reads KV head h // G", "head_mapping", ("head-map-*",)),
+    CriterionSpec("decode", "Decode (T = 1), rows of one length", "correctness", ("decode",)),
+    CriterionSpec("full_prefill", "Full prefill (T = S), rows of one length", "correctness", ("full_prefill",)),
+    CriterionSpec("chunked_prefill", "Chunked prefill (1 < T < S): bottom-right mask", "correctness",
+                  ("chunked_prefill",)),
+    CriterionSpec("ragged_rows", "Ragged rows and zero-token rows", "correctness", ("ragged",)),
+    CriterionSpec("padding", "Padded query slots finite (exactly 0)", "padding", ("padded slots of every step",)),
+    CriterionSpec("overflow_atomic", "Overflow raises and changes nothing", "overflow_from_trials",
+                  ("overflow", "after_overflow")),
+    CriterionSpec("cost_model", "Cost quantified (cost.py)", "cost_model", ("cost.py",)),
+    CriterionSpec("own_tests", "Own tests: pass, and catch the chunk-local mask", "grader.owntests.criterion",
+                  ("test_*.py",)),
+    CriterionSpec("live_length", "Attention over the live length, not max_len", "live_length", ("probe:scan",)),
+    CriterionSpec("torch_port", "PyTorch port: right, in place, no repeat", "grader.grade._torch_section",
+                  ("kv_cache_torch.py",)),
+)}
+# Criteria decided by comparing outputs step by step: {id: step kind}.
+OUTPUT_CHECKS = {cid: spec.reads[0] for cid, spec in REGISTRY.items() if spec.decided_by == "correctness"}
+WHAT = {"decode": "decode", "full_prefill": "full prefill", "chunked_prefill": "chunked prefill",
+        "ragged": "ragged-row"}

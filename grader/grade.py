@@ -74,20 +74,17 @@ def _outputs_by_trial(trials, outputs) -> dict:
 
 
 def _correctness_criteria(comparison, outputs_by_trial) -> dict:
+    """The criteria decided from outputs, as the registry (``criteria.REGISTRY``) says."""
     refusable = [s for s in comparison.steps if s.chunk_after_prefix and s.kind not in ("structure", "edge")]
-    c = {
-        "head_mapping": criteria_mod.head_mapping(comparison, outputs_by_trial),
-        "decode": criteria_mod.correctness("decode", comparison.of_kind("decode"), "decode"),
-        "full_prefill": criteria_mod.correctness("full_prefill", comparison.of_kind("full_prefill"), "full prefill"),
-        "chunked_prefill": criteria_mod.correctness("chunked_prefill", comparison.of_kind("chunked_prefill"),
-                                                    "chunked prefill", refusable=refusable),
-        "ragged_rows": criteria_mod.correctness("ragged_rows", comparison.of_kind("ragged"), "ragged-row"),
-        "padding": criteria_mod.padding(comparison),
-    }
+    c = {"head_mapping": criteria_mod.head_mapping(comparison, outputs_by_trial)}
+    for cid, kind in criteria_mod.OUTPUT_CHECKS.items():
+        c[cid] = criteria_mod.correctness(cid, comparison.of_kind(kind), criteria_mod.WHAT[kind],
+                                          refusable=refusable if cid == "chunked_prefill" else None)
+    c["padding"] = criteria_mod.padding(comparison)
     return c
 
 
-CORRECTNESS = ("head_mapping", "decode", "full_prefill", "chunked_prefill", "ragged_rows")
+CORRECTNESS = ("head_mapping", *criteria_mod.OUTPUT_CHECKS)
 
 
 def _name_mistakes(criteria: dict, comparison, outputs_by_trial) -> tuple[dict, "diagnose.Diagnosis"]:
@@ -346,7 +343,7 @@ def build_report(name, options, criteria, named, port_named, notes, level, start
         counts = not (spec["tier"] == "none" and c.status == "not_attempted")
         earned += points
         counted += float(spec["points"]) if counts else 0.0
-        crit_list.append({"id": cid, "title": spec["title"], "status": c.status, "points": points,
+        crit_list.append({"id": cid, "title": rubric.title(cid), "status": c.status, "points": points,
                           "max_points": float(spec["points"]), "evidence": c.evidence, "mistakes": list(c.mistakes),
                           "section": "torch" if cid == "torch_port" else "numpy", "tier": spec["tier"],
                           "counted": counts})

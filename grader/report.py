@@ -17,6 +17,8 @@ import re
 import tempfile
 import time
 
+from grader.rubric import Tier
+
 SCHEMA = "kvkit.report/1"
 STATUSES = ("graded", "not_graded", "grader_error")
 HEADLINE = {"not_graded": "NOT GRADED", "grader_error": "GRADER ERROR"}
@@ -63,7 +65,7 @@ def ungraded(name: str, seed: int, rubric, reason: str, status: str = "not_grade
         raise ValueError(f"status must be not_graded or grader_error, got {status!r}")
     reason = clean(reason, 600)
     words = status.replace("_", " ")
-    crits = [{"id": cid, "title": spec["title"], "status": "error", "points": 0.0,
+    crits = [{"id": cid, "title": rubric.title(cid), "status": "error", "points": 0.0,
               "max_points": float(spec["points"]), "evidence": f"{words} (see the reason)", "mistakes": []}
              for cid, spec in rubric.criteria.items()]
     report = {"schema": SCHEMA, "submission": name, "seed": seed, "status": status, "tier": None, "graded": False,
@@ -76,7 +78,7 @@ def ungraded(name: str, seed: int, rubric, reason: str, status: str = "not_grade
 
 MARK = {"pass": "PASS", "fail": "FAIL", "not_attempted": "----", "error": "ERR "}
 STYLE = {"pass": "green", "fail": "red", "not_attempted": "dim", "error": "yellow"}
-TIER_STYLE = {"Strong Hire": "bold green", "Hire": "bold cyan", "Weak": "bold red"}
+TIER_STYLE = {Tier.STRONG_HIRE: "bold green", Tier.HIRE: "bold cyan", Tier.WEAK: "bold red"}
 
 
 def write_json_atomic(path: str, data) -> None:

@@ -14,9 +14,23 @@ from __future__ import annotations
 import os
 import tomllib
 from dataclasses import dataclass, field
+from enum import Enum
+
+from grader.criteria import REGISTRY
 
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rubric.toml")
-TIERS = ["Weak", "Hire", "Strong Hire"]
+class Tier(str, Enum):
+    """The verdicts, lowest first; the one type every module uses (a ``str``, so JSON and comparisons see the name)."""
+
+    WEAK = "Weak"
+    HIRE = "Hire"
+    STRONG_HIRE = "Strong Hire"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TIERS = [t.value for t in Tier]
 AUDIENCES = ("hiring", "class")
 DEFAULT_AUDIENCES = {"hiring": list(TIERS), "class": ["Needs work", "Meets expectations", "Exceeds expectations"]}
 
@@ -32,6 +46,10 @@ class Rubric:
     port_mistake_cap: str
     max_score: float
     audiences: dict = field(default_factory=lambda: dict(DEFAULT_AUDIENCES))  # name -> labels of TIERS
+
+    def title(self, cid: str) -> str:
+        """The criterion's title (from the registry, ``grader.criteria.REGISTRY``)."""
+        return REGISTRY[cid].title if cid in REGISTRY else cid
 
     def label(self, tier: str | None, audience: str = "hiring") -> str | None:
         """What ``audience`` reads for ``tier`` (one of ``TIERS``; None stays None)."""
@@ -70,7 +88,7 @@ class Rubric:
             parts = []
             # Checks that failed first: they are the cause; errored checks say why they errored.
             for c in sorted(ids, key=lambda c: statuses.get(c) == "error"):
-                text = self.criteria[c]["title"]
+                text = self.title(c)
                 if statuses.get(c) == "error":
                     why = str(evidence.get(c) or "no evidence")[:160]
                     text += f" (the check errored: {why})"
@@ -107,10 +125,20 @@ def load(path: str | None = None) -> Rubric:
     criteria = data.get("criteria")
     if not isinstance(criteria, dict) or not criteria:
         raise RubricError(f"rubric {path}: no [criteria.*] tables")
+    unknown = sorted(set(criteria) - set(REGISTRY))
+    missing = sorted(set(REGISTRY) - set(criteria))
+    if unknown or missing:
+        raise RubricError(f"rubric {path}: " + "; ".join(
+            ([f"unknown criteria {', '.join(unknown)}"] if unknown else [])
+            + ([f"no points for {', '.join(missing)}"] if missing else []))
+            + f" (the criteria are: {', '.join(REGISTRY)})")
     for cid, spec in criteria.items():
         if not isinstance(spec.get("points"), (int, float)) or spec.get("tier") not in ("Hire", "Strong Hire", "none"):
             raise RubricError(f"rubric {path}: criterion {cid} needs numeric points and tier Hire, Strong Hire or none")
-        spec.setdefault("title", cid)
+        if "title" in spec:
+            raise RubricError(f"rubric {path}: criterion {cid} has a title; titles come from the kit's registry "
+                              "(grader/criteria.py), a rubric gives only points and tiers")
+        spec["title"] = REGISTRY[cid].title
     tiers = data.get("tiers", {})
     cap = tiers.get("port_mistake_cap", "Hire")
     if cap not in TIERS:

@@ -275,3 +275,22 @@ def test_nan_padding_gets_its_smallest_failing_case():
     assert "NaN or inf in padded query slots" in diagnose.smallest_failing(comparison)
     assert "B=1" in diagnose.smallest_failing(comparison)
     assert "smallest: step 3 of trial 'small'" in criteria_mod.padding(comparison).evidence
+
+
+def test_one_registry_of_criteria_and_a_rubric_of_points_and_tiers_only(tmp_path):
+    from grader.criteria import REGISTRY
+    from grader.rubric import RubricError, Tier
+
+    assert list(RUBRIC.criteria) == list(REGISTRY) or set(RUBRIC.criteria) == set(REGISTRY)
+    assert all(RUBRIC.title(cid) == spec.title for cid, spec in REGISTRY.items())
+    text = open(os.path.join(os.path.dirname(report.__file__), "rubric.toml")).read()
+    assert "title =" not in text  # no title is restated in the rubric
+    with_title = tmp_path / "titled.toml"
+    with_title.write_text(text.replace("[criteria.decode]\n", '[criteria.decode]\ntitle = "Decode"\n'))
+    with pytest.raises(RubricError, match="titles come from the kit's registry"):
+        load(str(with_title))
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text(text.replace("[criteria.decode]", "[criteria.decoding]"))
+    with pytest.raises(RubricError, match="unknown criteria decoding; no points for decode"):
+        load(str(unknown))
+    assert [t.value for t in Tier] == TIERS and Tier.HIRE == "Hire" and json.dumps(Tier.WEAK) == '"Weak"'
