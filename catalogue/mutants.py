@@ -58,6 +58,34 @@ PLANTED = ["chunk_local_mask", "off_by_one_mask", "ragged_keys_unmasked", "modul
 # The control: the same wrapping machinery with no change in behaviour. Tests
 # that fail on it detect the wrapper, not a mistake.
 CONTROL = "identity"
+# The mistake a candidate's own tests must catch (Strong Hire, the learner's step 7, the notebook).
+MUST_CATCH = "chunk_local_mask"
+
+
+def kill_matrix(exit_codes: dict) -> dict:
+    """Which planted mistakes a test suite caught, from pytest's exit code per variant.
+
+    ``exit_codes``: ``{"none": code on the implementation itself, CONTROL: code
+    on the no-change wrapper, mistake_id: code on that mutant, ...}``; a
+    missing or None code means the run did not finish. Exit 1 (a test failed)
+    is a catch, 0 a miss, anything else (no tests, a crash) "not run".
+
+    Returns ``{"passes", "control_passes", "caught", "missed", "not_run",
+    "must_catch", "caught_must", "summary"}``; the one place the kit builds a
+    kill matrix (the grader, the learner's step 7 and the notebook call it).
+    """
+    code = exit_codes.get
+    caught = [m for m in PLANTED if code(m) == 1]
+    missed = [m for m in PLANTED if code(m) == 0]
+    not_run = [m for m in PLANTED if code(m) not in (0, 1)]
+    summary = f"caught {len(caught)} of {len(PLANTED)} planted mistakes: {', '.join(caught) or 'none'}"
+    if missed:
+        summary += f"; missed: {', '.join(missed)}"
+    if not_run:
+        summary += f"; not run: {', '.join(not_run)}"
+    return {"passes": code("none") == 0, "control_passes": code(CONTROL) == 0 if CONTROL in exit_codes else None,
+            "caught": caught, "missed": missed, "not_run": not_run, "must_catch": MUST_CATCH,
+            "caught_must": MUST_CATCH in caught, "summary": summary}
 
 
 def _windowed_attention(rule, KVCache, gqa_attention, q, cache, n_new):

@@ -24,25 +24,14 @@ from grader import report as report_mod
 from grader import rubric as rubric_mod
 from grader.sandbox import launch
 from grader.submission import SubmissionError, materialize, name_of, set_aside_bundle, shadowing
+from kvkit import cost_table
 from solutions import cost as ref_cost
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CATALOGUE = os.path.join(os.path.dirname(HERE), "catalogue")
 SCHEMA = report_mod.SCHEMA
-# The cost table's inputs (the README's cost table) plus a second set, so no figure can be typed in.
-COST_CALLS = [
-    ["kv_bytes_per_token(32, 8, 128, 2)", "kv_bytes_per_token", [32, 8, 128, 2]],
-    ["kv_bytes_per_token(3, 5, 7, 4)", "kv_bytes_per_token", [3, 5, 7, 4]],
-    ["concat_bytes_copied(4096, 131072)", "concat_bytes_copied", [4096, 131072]],
-    ["concat_bytes_copied(10, 7)", "concat_bytes_copied", [10, 7]],
-    ["cache_bytes(4096, 131072)", "cache_bytes", [4096, 131072]],
-    ["copy_seconds(1099255234560, 3.35e12)", "copy_seconds", [1099255234560, 3.35e12]],
-    ["copy_seconds(300, 100.0)", "copy_seconds", [300, 100.0]],
-    ["reservation_bytes(32, 8192, 131072)", "reservation_bytes", [32, 8192, 131072]],
-    ["reservation_bytes(3, 10, 7)", "reservation_bytes", [3, 10, 7]],
-    ["repeat_bytes(536870912, 4)", "repeat_bytes", [536870912, 4]],
-    ["repeat_bytes(100, 3)", "repeat_bytes", [100, 3]],
-]
+# The cost table's inputs plus a second set (kvkit/cost_table.py), so no figure can be typed in.
+COST_CALLS = cost_table.cost_calls()
 
 
 def load_catalogue() -> tuple[dict, list]:

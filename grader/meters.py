@@ -7,6 +7,8 @@ Thresholds are the grader's (``grader.criteria``).
 """
 from __future__ import annotations
 
+import os
+
 import tracemalloc
 
 from grader.criteria import GROWTH_FRACTION, REPEAT_FACTOR, Criterion
@@ -85,22 +87,33 @@ def probe_repeat(mod, seed: int = 0):
     return {"peak_bytes": int(peak), "live_kv_bytes": int(2 * B * Hkv * S * d * 4), "G": G}
 
 
+def op_watch():
+    """The kit's one op recorder, ``OpWatch`` of ``exercises/tests/opwatch.py`` (the learner's step 6 and the
+    starter bundle use the same file): a TorchDispatchMode that records every ATen op a block runs."""
+    import importlib.util
+    import sys
+
+    name = "_kvkit_opwatch"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "exercises", "tests",
+                            "opwatch.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name].OpWatch
+
+
 def probe_torch_ops(mod, torch):
-    """The ops a one-token append and a decode step run, watched with a dispatch mode."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    """The ops a one-token append and a decode step run, watched with the kit's op recorder (``op_watch``).
 
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
+    Returns ``{"append_ops", "attention_ops"}`` as ``[op packet, elements returned, is a view]`` lists, and
+    whether the K/V buffers kept their objects and storage.
+    """
+    OpWatch = op_watch()
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            returns = func._schema.returns
-            is_view = bool(returns) and returns[0].alias_info is not None
-            numel = out.numel() if isinstance(out, torch.Tensor) else 0
-            self.ops.append([str(func.overloadpacket.__name__), int(numel), is_view])
-            return out
+    def listed(watch):
+        return [[op.packet.split(".")[-1], int(op.numel), bool(op.aliases)] for op in watch.ops]
 
     B, Hkv, G, S, d = 2, 2, 4, 256, 32
     cache = mod.KVCache(B, Hkv, S, d, dtype=torch.float32)
@@ -109,12 +122,12 @@ def probe_torch_ops(mod, torch):
     kv = torch.randn(B, Hkv, S - 1, d)
     cache.append(kv, kv, torch.full((B,), S - 1))
     one = torch.randn(B, Hkv, 1, d)
-    with Recorder() as append_ops:
+    with OpWatch() as append_ops:
         cache.append(one, one, torch.ones(B, dtype=torch.int64))
     q = torch.randn(B, Hkv * G, 1, d)
-    with Recorder() as attention_ops:
+    with OpWatch() as attention_ops:
         mod.gqa_attention(q, cache, torch.ones(B, dtype=torch.int64))
-    return {"append_ops": append_ops.ops, "attention_ops": attention_ops.ops,
+    return {"append_ops": listed(append_ops), "attention_ops": listed(attention_ops),
             "same_objects": cache.k is k0 and cache.v is v0,
             "same_storage": (cache.k.data_ptr(), cache.v.data_ptr()) == ptr,
             "live_k_numel": B * Hkv * S * d, "G": G}

@@ -15,7 +15,7 @@ import os
 from catalogue import mutants
 from grader.criteria import Criterion
 
-KEY_MUTANT = "chunk_local_mask"
+KEY_MUTANT = mutants.MUST_CATCH
 
 
 def test_files(workdir: str) -> list[str]:
@@ -61,14 +61,7 @@ def criterion(session, files: list[str], task_of=None) -> Criterion:
         return Criterion("own_tests", "fail", "own tests fail on the submission wrapped with no change in "
                          "behaviour: they detect the grader's wrapping, not mistakes"
                          + _first_failure(runs.get(mutants.CONTROL, {})))
-    caught = [v for v in mutants.PLANTED if code(v) == 1]
-    missed = [v for v in mutants.PLANTED if code(v) == 0]
-    broken = [v for v in mutants.PLANTED if code(v) not in (0, 1)]
-    matrix = f"caught {len(caught)} of {len(mutants.PLANTED)} planted mistakes: {', '.join(caught) or 'none'}"
-    if missed:
-        matrix += f"; missed: {', '.join(missed)}"
-    if broken:
-        matrix += f"; not run: {', '.join(broken)}"
-    status = "pass" if KEY_MUTANT in caught else "fail"
+    matrix = mutants.kill_matrix({v: code(v) for v in runs})
+    status = "pass" if matrix["caught_must"] else "fail"
     prefix = "pass on the submission; " if status == "pass" else f"pass on the submission but miss {KEY_MUTANT}; "
-    return Criterion("own_tests", status, prefix + matrix)
+    return Criterion("own_tests", status, prefix + matrix["summary"])

@@ -46,3 +46,28 @@ def print_cost_table() -> None:
     for quantity, value in cost_rows():
         table.add_row(quantity, value)
     Console().print(table)
+
+
+# Odd inputs beside the table's, so a cost.py cannot pass by typing the table's figures in.
+ODD_INPUTS = {"kv_bytes_per_token": [3, 5, 7, 4], "concat_bytes_copied": [10, 7], "copy_seconds": [300, 100.0],
+              "reservation_bytes": [3, 10, 7], "repeat_bytes": [100, 3]}
+
+
+def cost_calls() -> list[list]:
+    """``[label, function name, args]`` for every call the grader makes into a submission's ``cost.py``:
+    the table's own inputs (the constants above), then ``ODD_INPUTS``."""
+    per_token = cost.kv_bytes_per_token(**LLAMA_8B)
+    final = cost.cache_bytes(STEPS, per_token)
+    table = [
+        ("kv_bytes_per_token", [LLAMA_8B[k] for k in ("layers", "kv_heads", "head_dim", "bytes_per_element")]),
+        ("concat_bytes_copied", [STEPS, per_token]),
+        ("cache_bytes", [STEPS, per_token]),
+        ("copy_seconds", [cost.concat_bytes_copied(STEPS, per_token), H100_BYTES_PER_S]),
+        ("reservation_bytes", [ROWS, MAX_LEN, per_token]),
+        ("repeat_bytes", [final, GROUP]),
+    ]
+    calls = []
+    for name, args in table:
+        for use in ([args, ODD_INPUTS[name]] if name in ODD_INPUTS else [args]):
+            calls.append([f"{name}({', '.join(repr(a) for a in use)})", name, list(use)])
+    return calls

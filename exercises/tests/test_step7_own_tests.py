@@ -22,7 +22,6 @@ import adapters
 from stepkit import fail
 
 STEP = 7
-MUST_CATCH = "chunk_local_mask"
 TIMEOUT_S = 300
 
 SHIM = '''"""kv_cache for step 7: your kv_cache.py, with the mutant named by $KVKIT_MUTANT planted around it."""
@@ -50,12 +49,16 @@ if MUTANT:
 '''
 
 
-def load_planted(path: Path) -> list[str]:
+def load_mutants(path: Path):
+    """The catalogue's mutants module (PLANTED, kill_matrix), loaded from ``path``."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("_kvkit_mutants_list", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return list(module.PLANTED)
+    return module
+
+
+EXIT = {"pass": 0, "fail": 1}  # run_mine's outcome as pytest's exit code (anything else: not run)
 
 
 def run_mine(mine: Path, shim_dir: Path, mutant: str) -> tuple[str, str]:
@@ -88,7 +91,7 @@ def run_mine(mine: Path, shim_dir: Path, mutant: str) -> tuple[str, str]:
     return f"error: pytest exit code {proc.returncode}", summary
 
 
-def matrix_text(rows: dict) -> str:
+def matrix_text(rows: dict, must: str) -> str:
     width = max(len(name) for name in rows)
     out = []
     for name, (outcome, _) in rows.items():
@@ -96,7 +99,7 @@ def matrix_text(rows: dict) -> str:
             verdict = "passed (right)" if outcome == "pass" else f"FAILED: {outcome} (your tests fail on your code)"
         else:
             verdict = {"fail": "caught", "pass": "missed"}.get(outcome, outcome)
-            if name == MUST_CATCH:
+            if name == must:
                 verdict += "  <- must be caught"
         out.append(f"  {name:<{width}}  {verdict}")
     return "\n".join(out)
@@ -114,7 +117,8 @@ def test_your_tests_catch_the_planted_mistakes(record_property):
     mutants = adapters.mutants_path()
     if mutants is None:
         fail("the planted mutants (catalogue/mutants.py) are not next to the exercises; step 7 needs them.")
-    planted = load_planted(mutants)
+    catalogue = load_mutants(mutants)
+    planted = list(catalogue.PLANTED)
     with tempfile.TemporaryDirectory(prefix="kvkit-step7-") as tmp:
         shim_dir = Path(tmp)
         (shim_dir / "kv_cache.py").write_text(SHIM.format(real=str(real), mutants=str(mutants)))
@@ -128,11 +132,14 @@ def test_your_tests_catch_the_planted_mistakes(record_property):
             results = list(pool.map(lambda m: run_mine(mine, shim_dir, m), planted))
         rows.update(zip(planted, results))
     record_property("kill_matrix", json.dumps({name: outcome for name, (outcome, _) in rows.items()}))
-    text = matrix_text(rows)
-    caught = [name for name in planted if rows[name][0] == "fail"]
+    matrix = catalogue.kill_matrix({("none" if name == "your kv_cache.py" else name): EXIT.get(outcome)
+                                    for name, (outcome, _) in rows.items()})
+    text = matrix_text(rows, matrix["must_catch"])
+    caught = matrix["caught"]
     print(f"\nkill matrix of {mine.name} ({len(caught)} of {len(planted)} planted mistakes caught):\n{text}")
-    if rows[MUST_CATCH][0] != "fail":
-        fail(f"your tests in {mine.name} pass on the planted {MUST_CATCH} (outcome: {rows[MUST_CATCH][0]}): a mask "
+    if not matrix["caught_must"]:
+        must = matrix["must_catch"]
+        fail(f"your tests in {mine.name} pass on the planted {must} (outcome: {rows[must][0]}): a mask "
              f"built from the chunk alone, right at T = 1 (decode) and T = S (full prefill), wrong only for a "
              f"chunk with 1 < T < S. Your tests need a call that appends such a chunk to a row that already holds "
              f"tokens, checked query by query against your reference.\nkill matrix "
