@@ -116,14 +116,14 @@ def _window(c: int, live: int) -> tuple[set, int]:
 
 
 def classify(seen: Seen, row: int, head: int, kv_heads: int, G: int, pos: int, t: int,
-             lens_after, n_new, T: int) -> tuple[set, set]:
+             lens_after, n_new, T: int, layouts: dict | None = None) -> tuple[set, set]:
     """``(head_patterns, mask_patterns)`` that explain one query exactly.
 
     ``head_patterns`` are the names in ``HEAD_MAPS`` whose KV head the query
     read; ``mask_patterns`` those of ``MASKS`` whose window it saw (both hold
-    ``"right"`` when that part is right). Tokens stored at the wrong position
-    give ``"misplaced_writes"``: the right number of keys, or empty slots, but
-    not the tokens that belong there. An empty set means no known pattern.
+    ``"right"`` when that part is right), and those of ``layouts`` (the
+    predictions of ``shared_position_windows`` for this query) that match.
+    An empty set means no known pattern.
     """
     rows = {b for (b, _, _) in seen.tokens}
     heads = {h for (_, h, _) in seen.tokens}
@@ -142,13 +142,54 @@ def classify(seen: Seen, row: int, head: int, kv_heads: int, G: int, pos: int, t
         c = rule(pos, t, live, n, T, S)
         if c is not None and c >= 0 and _window(c, live) == (got, seen.empty):
             masks.add(name)
-    if not masks:
-        right = set(range(pos + 1))
-        if seen.empty and right <= got and live < S:
-            masks.add("ragged_keys_unmasked")  # the row's own keys, and slots past its length
-        elif seen.n == pos + 1 and (got != right or seen.empty):
-            masks.add("misplaced_writes")  # the right number of slots, not holding the tokens that belong there
+    for name, window in (layouts or {}).items():
+        if window == (got, seen.empty):
+            masks.add(name)
     return head_patterns, masks
+
+
+# Designs that write every row at one position of the batch (a shared start_pos / input_pos),
+# as storage layouts: where each row's tokens land, and how far each query's mask reaches.
+LAYOUTS = {
+    # Each row's own lens, but every row written at the batch's end, lens.max().
+    "misplaced_writes/at_longest": "at_longest",
+    # One position for the batch, advanced by the largest n_new, the mask from that position.
+    "misplaced_writes/shared_by_max": "max",
+    # The same, advanced by T (every slot, padding included, written as a token).
+    "misplaced_writes/shared_by_T": "T",
+}
+
+
+def shared_position_windows(chunks: list, slots: list) -> dict:
+    """``{pattern: {(step, row, t): (positions seen, empty slots)}}`` for each design of ``LAYOUTS``.
+
+    ``chunks[i][b]``: tokens row ``b`` receives in call ``i``; ``slots[i]``: that call's T.
+    The prediction follows each design's writes slot by slot (padding slots hold
+    no token: their values are 0) and the keys its mask lets each query see.
+    """
+    out = {}
+    B = len(chunks[0]) if chunks else 0
+    for pattern, how in LAYOUTS.items():
+        held = [dict() for _ in range(B)]  # slot -> token position, per row
+        lens, shared, windows = [0] * B, 0, {}
+        for i, (counts, T) in enumerate(zip(chunks, slots)):
+            start = [max(lens, default=0)] * B if how == "at_longest" else [shared] * B
+            width = T if how == "T" else max(counts, default=0)
+            for b in range(B):
+                for t in range(width if how != "at_longest" else counts[b]):
+                    if t < counts[b]:
+                        held[b][start[b] + t] = lens[b] + t
+                    else:
+                        held[b].pop(start[b] + t, None)  # a padding slot written over it
+            for b in range(B):
+                for t in range(counts[b]):
+                    c = (lens[b] + t + 1) if how == "at_longest" else start[b] + t + 1
+                    seen = {held[b][s] for s in range(c) if s in held[b]}
+                    windows[(i, b, t)] = (seen, c - len(seen))
+            lens = [lens[b] + counts[b] for b in range(B)]
+            shared += width
+        out[pattern] = windows
+    return out
 
 
 def explain(patterns_per_query: list[set]) -> set | None:

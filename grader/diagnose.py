@@ -91,13 +91,16 @@ def recover(comparison: Comparison, outputs_by_trial: dict) -> Diagnosis:
     for name in dict.fromkeys(s.trial.name for s in comparison.steps if s.kind == "structure"):
         steps = comparison.in_trials(name)
         trial = steps[0].trial
+        layouts = structure.shared_position_windows([list(map(int, s.n_new)) for s in trial.steps],
+                                                    [s.q.shape[2] for s in trial.steps])
         for i, b, h, t, pos, before, after, T, seen in _queries(trial, outputs_by_trial.get(name, []), steps):
             case = f"{trial.describe()}; step {i + 1}"
             if seen is None:
                 diag.wrong_queries += 1
                 diag.unexplained += 1
                 continue
-            heads, masks = structure.classify(seen, b, h, trial.Hkv, trial.G, pos, t, after, trial.steps[i].n_new, T)
+            heads, masks = structure.classify(seen, b, h, trial.Hkv, trial.G, pos, t, after, trial.steps[i].n_new, T,
+                                              {p: w[(i, b, t)] for p, w in layouts.items()})
             if "right" in heads and "right" in masks:
                 continue
             diag.wrong_queries += 1

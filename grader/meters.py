@@ -130,7 +130,7 @@ def probe_torch_ops(mod, torch):
     return {"append_ops": listed(append_ops), "attention_ops": listed(attention_ops),
             "same_objects": cache.k is k0 and cache.v is v0,
             "same_storage": (cache.k.data_ptr(), cache.v.data_ptr()) == ptr,
-            "live_k_numel": B * Hkv * S * d, "G": G}
+            "live_k_numel": B * Hkv * S * d, "buffer_numel": int(k0.numel()), "G": G}
 
 
 
@@ -167,15 +167,20 @@ def judge_repeat(probe) -> Criterion:
 def judge_torch_ops(ops: dict) -> dict:
     """``{mistake: evidence}`` from the ops a port ran (``probe_torch_ops``).
 
-    ``concat_growth``: append runs ``cat``/``stack`` or the buffers move.
+    ``concat_growth``: append runs a ``cat``/``stack`` whose output is at least half the K
+    buffer (a cat of a mask or of the new tokens is not growth of the cache), or the buffers move.
     ``kv_repeat``: attention runs a non-view op whose output has at least G times
     the live K elements, or a ``repeat``/``repeat_interleave`` as large as K.
     Views (``alias_info`` in the op's schema) cost nothing and are ignored.
     """
     named = {}
-    grew = sorted({op[0] for op in ops.get("append_ops", []) if op[0] in ("cat", "stack")})
-    if grew or not ops.get("same_storage"):
-        named["concat_growth"] = "append runs " + (", ".join(grew) or "into new storage (the buffers moved)")
+    buffer = ops.get("buffer_numel") or ops["live_k_numel"]
+    grew = [op for op in ops.get("append_ops", []) if op[0] in ("cat", "stack") and op[1] >= buffer / 2]
+    if grew:
+        named["concat_growth"] = (f"append runs aten.{grew[0][0]} with an output of {grew[0][1]:,} elements: "
+                                  f"a new K/V buffer (the K buffer holds {buffer:,})")
+    elif not ops.get("same_storage"):
+        named["concat_growth"] = "append writes into new storage: the K/V buffers moved"
     big, live = ops["G"] * ops["live_k_numel"], ops["live_k_numel"]
     copies = [op for op in ops.get("attention_ops", [])
               if not op[2] and (op[1] >= big or (op[0] in ("repeat_interleave", "repeat") and op[1] >= live))]

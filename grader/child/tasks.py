@@ -173,14 +173,13 @@ def probe_overflow(mod):
 
     outcomes = []
     rng = np.random.default_rng(2)
-    for before, n_new in (([3, 6], [2, 3]), ([7, 1], [2, 2])):
+    # Rows of one length, so every set-up call fits in every row's space left (a contract-abiding
+    # submission may refuse a call whose T is wider): the last row overflows, then the first.
+    for before, n_new in (([7, 7], [1, 2]), ([7, 7], [2, 1])):
         B, Hkv, max_len, d, T = 2, 1, 8, 4, max(n_new)
         cache = mod.KVCache(B, Hkv, max_len, d, dtype=np.float64)
-        for b, n in enumerate(before):
-            chunk = rng.standard_normal((B, Hkv, n, d))
-            counts = np.zeros(B, dtype=np.int64)
-            counts[b] = n
-            cache.append(chunk, chunk, counts)
+        chunk = rng.standard_normal((B, Hkv, before[0], d))
+        cache.append(chunk, chunk, np.asarray(before, dtype=np.int64))
         k_before, v_before = np.array(cache.k, copy=True), np.array(cache.v, copy=True)
         lens_before = np.asarray(cache.lens).tolist()
         new = rng.standard_normal((B, Hkv, T, d))
