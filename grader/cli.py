@@ -201,18 +201,17 @@ def main(argv: list[str] | None = None) -> int:
                     pending = set(futures)
                     while pending:
                         ready, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
-                        if stop.hit:
+                        if stop.hit:  # noted by the handler (deferred): act on it here, between results
                             raise KeyboardInterrupt
                         for future in ready:
                             finished(futures[future], future.result())
                             progress.advance(task)
             except KeyboardInterrupt:
-                _stop_workers(pool)
+                _stop_workers()
                 raise
             finally:
                 pool.shutdown(wait=False, cancel_futures=True)
     except KeyboardInterrupt:
-        stop.ignore()  # a second Ctrl-C does not cut the clean-up short
         if args.jobs == 1:
             _stop_own_sandboxes()
         written = len(reports) - len(done)
@@ -253,31 +252,34 @@ def main(argv: list[str] | None = None) -> int:
 
 # --------------------------------------------------------------------------- Ctrl-C
 #
-# Who stops what. With --jobs N the sandboxes belong to the pool's worker
-# processes (each session is a child in a process group of its own, under a
-# cgroup of its own, with temporary folders named kvkit-<kind>-<worker pid>-...;
-# see grader/sandbox/launch.py). Ctrl-C at a terminal reaches the grader and its
-# workers (one process group); `kill -INT` only the grader. Either way:
+# What there is to stop. Each sandboxed session is a child process that starts
+# a session (process group) of its own, under a cgroup of its own named
+# kvkit-<pid>-<n> where the machine has cgroups, with temporary folders named
+# kvkit-<kind>-<pid>-... (launch.temp_dir), <pid> being the process that runs
+# the session: a --jobs worker, or the grader itself with --jobs 1. Sessions
+# run in threads, so nothing of that process can be frozen from inside it.
 #
-# 1. the workers never act on SIGINT (a no-op handler: no KeyboardInterrupt,
-#    so no traceback from a worker); the grader notices it within 0.1 s;
-# 2. the grader sends each worker SIGTERM; the worker, in its handler, kills
-#    each sandbox's process group and closes its cgroups (which kills whatever
-#    is left in them and removes them), then leaves with os._exit: it does not
-#    wait for its session threads, which may be stuck behind a lock;
-# 3. the grader waits for the workers (at most WORKER_GRACE_S; SIGKILL for one
-#    that is still there, after killing its sandboxes' groups itself), then
-#    removes the workers' temporary folders: they are dead, so nothing writes
-#    to them any more, and the grader holds no lock a worker could have held.
+# So, with --jobs N: the workers never act on SIGINT (a no-op handler: Ctrl-C
+# at a terminal reaches the whole foreground group, and a KeyboardInterrupt in
+# a worker would print a traceback). The grader notes it within 0.1 s, then
+# from outside: SIGSTOP each worker (no thread of it runs again: nothing new
+# starts), then, level by level until no new one appears, SIGSTOP everything
+# below them; SIGKILL each stopped process and each process group one of them
+# leads (the sandboxes' groups); when the workers are gone, remove their
+# cgroups and temporary folders by name. Nothing waits on a worker's
+# cooperation, so the stop takes a few hundred milliseconds.
 #
 # With --jobs 1 the grader is its own worker: KeyboardInterrupt unwinds the
-# grading, then it does steps 2 and 3 for itself.
+# grading; the grader kills everything below itself the same way, lets its
+# session threads run their own clean-up (at most WORKER_GRACE_S), then
+# removes what is left of its own by name.
 
 WORKER_GRACE_S = 1.0
 
 
 class _Interrupt:
-    """The grader's SIGINT handler: raises KeyboardInterrupt, or only notes it (``hit``) while deferred."""
+    """The grader's SIGINT handler: the first SIGINT raises KeyboardInterrupt, or while deferred only sets
+    ``hit``; a later one does nothing (the clean-up is not cut short)."""
 
     def __init__(self):
         self.hit = False
@@ -285,16 +287,14 @@ class _Interrupt:
         self.previous = None
 
     def __call__(self, signum, frame):
+        first = not self.hit
         self.hit = True
-        if not self.defer:
+        if first and not self.defer:
             raise KeyboardInterrupt
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGINT, self)
-
-    def ignore(self) -> None:
-        self.defer += 1
 
     def restore(self) -> None:
         if self.previous is not None:
@@ -318,29 +318,18 @@ class _Interrupt:
 
 
 def _worker_init() -> None:
-    """In each --jobs worker: Ctrl-C is the grader's to handle; its SIGTERM stops this worker's sandboxes."""
-    signal.signal(signal.SIGINT, _ignore_signal)  # not SIG_IGN, which the sandboxes would inherit through exec
-    signal.signal(signal.SIGTERM, _worker_stop)
+    """In each --jobs worker: Ctrl-C is the grader's to handle (not SIG_IGN, which exec would pass on to the
+    sandboxes)."""
+    signal.signal(signal.SIGINT, _ignore_signal)
 
 
 def _ignore_signal(signum, frame) -> None:
     pass
 
 
-def _worker_stop(signum, frame) -> None:
-    try:
-        # The session threads fail loudly as their sandboxes vanish; nobody needs to read that.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        _kill_sandboxes(os.getpid())
-    finally:
-        os._exit(1)
-
-
-def _sandbox_groups(parent: int) -> list[int]:
-    """The process groups led by children of ``parent``: its sandboxes (each starts a session of its own)."""
-    found = []
+def _processes() -> dict:
+    """``{pid: (parent pid, process group)}`` of every process this one can see (Linux /proc; {} elsewhere)."""
+    found = {}
     try:
         names = [n for n in os.listdir("/proc") if n.isdigit()]
     except OSError:
@@ -350,33 +339,59 @@ def _sandbox_groups(parent: int) -> list[int]:
             with open(f"/proc/{name}/stat", "rb") as f:
                 stat = f.read()
             fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (command) ": state, ppid, pgrp
-            if int(fields[1]) == parent and int(fields[2]) == int(name):
-                found.append(int(name))
+            found[int(name)] = (int(fields[1]), int(fields[2]))
         except (OSError, ValueError, IndexError):
             pass
     return found
 
 
-def _kill_sandboxes(owner: int) -> None:
-    """Kill the sandboxes of ``owner`` (this process): each one's process group, then each cgroup it made."""
-    import gc
-
-    from grader.sandbox import cgroup
-
-    for group in _sandbox_groups(owner):
+def _kill_below(roots: set, with_roots: bool) -> None:
+    """SIGKILL every process below ``roots`` (and ``roots`` too when ``with_roots``), frozen first with
+    SIGSTOP so that none can start another in between, and every process group one of them leads."""
+    def send(pid, sig):
         try:
-            os.killpg(group, signal.SIGKILL)
+            os.kill(pid, sig)
         except OSError:
             pass
-    # The sessions' Cgroup objects live in their threads: close() kills what is left in one (processes
-    # that left the process group too) and removes its directories; idempotent, never raises.
-    for obj in gc.get_objects():
-        if isinstance(obj, cgroup.Cgroup) and getattr(obj, "_owner_pid", None) == owner:
-            obj.close()
+
+    if with_roots:
+        for pid in roots:
+            send(pid, signal.SIGSTOP)
+    stopped, leaders = set(), set()
+    for _ in range(100):  # one level of new descendants per round, at most
+        table = _processes()
+        below, todo = set(), list(roots)
+        while todo:
+            parent = todo.pop()
+            for pid, (ppid, _) in table.items():
+                if ppid == parent and pid not in below:
+                    below.add(pid)
+                    todo.append(pid)
+        leaders |= {pid for pid in below if table[pid][1] == pid}
+        new = below - stopped
+        if not new:
+            break
+        for pid in new:
+            send(pid, signal.SIGSTOP)
+        stopped |= new
+    for pid in leaders - roots:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pid in stopped | (roots if with_roots else set()):
+        send(pid, signal.SIGKILL)
+
+
+def _remove_cgroups(pids: set) -> None:
+    """Remove the cgroups the processes ``pids`` made (``grader.sandbox.cgroup.remove_groups_of``)."""
+    from grader.sandbox import cgroup
+
+    cgroup.remove_groups_of(pids, WORKER_GRACE_S)
 
 
 def _remove_temp_folders(pids: set) -> None:
-    """Remove the kit's temporary folders that the processes ``pids`` made (see launch.temp_dir)."""
+    """Remove the kit's temporary folders that the processes ``pids`` made (named by launch.temp_dir)."""
     from grader.sandbox import launch
 
     parents = {tempfile.gettempdir(), os.environ.get("KVKIT_PROBE_DATA") or "", "/dev/shm"} - {""}
@@ -392,46 +407,33 @@ def _remove_temp_folders(pids: set) -> None:
                 launch.remove_tree(os.path.join(parent, name))
 
 
-def _stop_workers(pool) -> None:
-    """Stop the pool's workers and what they started (steps 2 and 3 above)."""
+def _stop_workers() -> None:
+    """--jobs N: stop the pool's workers and everything they started, then remove what they left."""
+    import multiprocessing
     from multiprocessing.connection import wait as wait_for
 
-    workers = list((getattr(pool, "_processes", None) or {}).values())
-    for worker in workers:
-        try:
-            os.kill(worker.pid, signal.SIGTERM)
-        except OSError:
-            pass
-    deadline = time.monotonic() + WORKER_GRACE_S
-    left = {worker.sentinel: worker for worker in workers}
-    while left and time.monotonic() < deadline:
-        for sentinel in wait_for(list(left), timeout=max(deadline - time.monotonic(), 0)):
-            left.pop(sentinel)
-    for worker in left.values():  # still there: its handler never ran (stuck in one long C call)
-        for group in _sandbox_groups(worker.pid):
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except OSError:
-                pass
-        try:
-            os.kill(worker.pid, signal.SIGKILL)
-        except OSError:
-            pass
-    if left:
-        wait_for(list(left), timeout=1.0)
-    _remove_temp_folders({worker.pid for worker in workers})
+    workers = multiprocessing.active_children()  # the pool's workers: this process starts no other
+    pids = {worker.pid for worker in workers}
+    _kill_below(pids, with_roots=True)
+    wait_for([worker.sentinel for worker in workers], timeout=WORKER_GRACE_S)
+    _remove_cgroups(pids)
+    _remove_temp_folders(pids)
 
 
 def _stop_own_sandboxes() -> None:
-    """--jobs 1: the grading has unwound; kill this process's sandboxes and remove its temporary folders."""
-    threading.excepthook = lambda args: None  # session threads fail as their sandboxes vanish: we are leaving
+    """--jobs 1: the grading has unwound; its session threads are still running. Kill everything below
+    this process, let the threads run their own clean-up, then remove what is left of ours."""
+    threading.excepthook = lambda args: None  # a session thread may fail as its sandbox vanishes: we are leaving
+    me = os.getpid()
     deadline = time.monotonic() + WORKER_GRACE_S
-    while True:  # a session thread may start its sandbox just after a first look
-        _kill_sandboxes(os.getpid())
-        if not _sandbox_groups(os.getpid()) or time.monotonic() > deadline:
+    while True:
+        _kill_below({me}, with_roots=False)  # again: a thread may have started a sandbox since
+        busy = [t for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()]
+        if not busy or time.monotonic() > deadline:
             break
-        time.sleep(0.05)
-    _remove_temp_folders({os.getpid()})
+        busy[0].join(timeout=0.05)
+    _remove_cgroups({me})
+    _remove_temp_folders({me})
 
 
 if __name__ == "__main__":

@@ -97,10 +97,9 @@ def op_watch():
     if name not in sys.modules:
         path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "exercises", "tests",
                             "opwatch.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
+        found = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(found)
+        found.loader.exec_module(sys.modules[name])
     return sys.modules[name].OpWatch
 
 

@@ -194,7 +194,8 @@ def installed_modules() -> frozenset[str]:
 
 
 def imported_names(workdir: str, files: list[str]) -> list[str]:
-    """Top-level module names the submission's Python files import (read as syntax, never run)."""
+    """Module names the submission's Python files import, dotted as written (``matplotlib.pyplot``),
+    read as syntax, never run. A submodule's first import can cost megabytes, so it is preimported too."""
     found = set()
     for rel in files:
         if not rel.endswith(".py"):
@@ -206,9 +207,9 @@ def imported_names(workdir: str, files: list[str]) -> list[str]:
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                found.update(a.name.split(".")[0] for a in node.names)
+                found.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                found.add(node.module.split(".")[0])
+                found.add(node.module)
     return sorted(found)
 
 
@@ -217,7 +218,8 @@ def preimports(workdir: str, files: list[str]) -> dict:
     that session loads name (so the submission's own imports cost it nothing in the memory probes),
     in trusted form. The NumPy session never loads the port; the port's may load ``kv_cache``."""
     installed = installed_modules()
-    keep = lambda names: [n for n in names if n in installed and n.isidentifier()]  # noqa: E731
+    keep = lambda names: [n for n in names  # noqa: E731
+                          if n.split(".")[0] in installed and all(p.isidentifier() for p in n.split("."))]
     numpy_files = [f for f in files if f != "kv_cache_torch.py"]
     torch_files = [f for f in files if f in ("kv_cache_torch.py", "kv_cache.py")]
     return {"numpy": keep(imported_names(workdir, numpy_files)), "torch": keep(imported_names(workdir, torch_files))}

@@ -1,8 +1,14 @@
 """Lay a submission out in a fresh sandbox directory: only its own files, in the contract's layout.
 
 A submission is a directory (or a ``.zip`` of one), a single ``.py`` file (taken
-as ``kv_cache.py``) or a ``.ipynb`` notebook (its code cells, shell and magic
-lines dropped, taken as ``kv_cache.py``). The notebook is read as JSON by nbformat: nothing in it runs
+as ``kv_cache.py``) or a ``.ipynb`` notebook. A notebook whose code cells carry
+the classroom notebook's role marker (cell metadata ``kvkit.role``, see
+docs/notebook.md) is split by role into the contract's files: ``implementation``
+cells become ``kv_cache.py``, ``cost`` cells ``cost.py``, ``port`` cells
+``kv_cache_torch.py`` and ``own_tests`` cells the candidate's test file; any
+other notebook (a candidate's own) has all its code cells taken as
+``kv_cache.py``. Shell and magic lines are dropped either way. The notebook is
+read as JSON by nbformat and its cells as syntax by ``ast``: nothing in it runs
 in the grader's process.
 """
 from __future__ import annotations
@@ -100,8 +106,8 @@ def name_of(path: str) -> str:
     return os.path.basename(os.path.normpath(path))
 
 
-def notebook_source(path: str) -> str:
-    """The code cells of a notebook as one module, shell (``!``) and magic (``%``) lines dropped."""
+def _read_notebook(path: str):
+    """The notebook at ``path``, parsed by nbformat (JSON only), within the size bound."""
     import nbformat
 
     if os.path.islink(path):
@@ -109,19 +115,175 @@ def notebook_source(path: str) -> str:
     if os.path.getsize(path) > MAX_NOTEBOOK_BYTES:
         raise SubmissionError(f"{path}: a notebook larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB")
     try:
-        nb = nbformat.read(path, as_version=4)
+        return nbformat.read(path, as_version=4)
     except Exception as exc:  # nbformat raises several kinds; their messages quote the file, so not shown
         raise SubmissionError(f"{path}: not a readable notebook ({type(exc).__name__})") from exc
-    cells = []
-    for cell in nb.cells:
-        if cell.cell_type != "code" or cell.source.lstrip().startswith("%%"):
-            continue
-        lines = [line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!"))]
-        cells.append("\n".join(lines))
-    source = "\n\n".join(cells) + "\n"
+
+
+def _cell_code(cell) -> str | None:
+    """A code cell's source with shell (``!``) and magic (``%``) lines dropped; None for a cell magic or markdown."""
+    if cell.cell_type != "code" or cell.source.lstrip().startswith("%%"):
+        return None
+    return "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+
+
+def _bounded(path: str, name: str, source: str) -> str:
     if len(source) > MAX_FILE_BYTES:
-        raise SubmissionError(f"{path}: the notebook's code is larger than {MAX_FILE_BYTES} bytes")
+        raise SubmissionError(f"{path}: the notebook's code for {name} is larger than {MAX_FILE_BYTES} bytes")
     return source
+
+
+def notebook_source(path: str) -> str:
+    """The code cells of a notebook as one module, shell (``!``) and magic (``%``) lines dropped."""
+    nb = _read_notebook(path)
+    cells = [code for code in map(_cell_code, nb.cells) if code is not None]
+    return _bounded(path, "kv_cache.py", "\n\n".join(cells) + "\n")
+
+
+# The classroom notebook's hand-back roles (cell metadata ``{"kvkit": {"role": ...}}``) and the file
+# each becomes. ``setup`` cells (the notebook's imports) head every file. The port and the own tests
+# run after the implementation in the notebook and may use its names, so their files import them.
+ROLE_FILES = {"implementation": "kv_cache.py", "cost": "cost.py", "port": "kv_cache_torch.py",
+              "own_tests": "test_notebook_check.py"}
+SETUP_ROLE = "setup"
+AFTER_IMPLEMENTATION = {"port", "own_tests"}
+# What a port cell may bind to the contract's names (``kvkit.exports``: contract name -> its own name).
+EXPORTABLE = {"KVCache", "gqa_attention"}
+# Modules of the kit a notebook may import that the starter bundle ships too: ``{module: path in the bundle}``.
+SHIPPED_HELPERS = {"catalogue.mutants": "catalogue/mutants.py"}
+
+
+def _marker(cell, key: str, field: str):
+    """``cell.metadata[key][field]``, or None where the notebook's metadata is not shaped so."""
+    meta = cell.metadata.get(key)
+    return meta.get(field) if isinstance(meta, dict) else None
+
+
+def _role(cell) -> str | None:
+    role = _marker(cell, "kvkit", "role")
+    return role if isinstance(role, str) else None
+
+
+def _only_stubs(sources: list[str]) -> bool:
+    """Every function in ``sources`` still has nbgrader's stub body (``raise NotImplementedError()``), read as syntax."""
+    import ast
+
+    found = False
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return False  # written, if wrongly: the grader says so
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = [n for n in node.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+                if not (len(body) == 1 and isinstance(body[0], ast.Raise)
+                        and "NotImplementedError" in ast.unparse(body[0])):
+                    return False
+                found = True
+    return found
+
+
+def _exports(cells) -> list[str]:
+    """``KVCache = KVCacheTorch`` lines from the port cells' ``kvkit.exports``, names checked as identifiers."""
+    import keyword
+
+    lines = []
+    for cell in cells:
+        exports = _marker(cell, "kvkit", "exports")
+        for name, own in (exports.items() if isinstance(exports, dict) else []):
+            if name in EXPORTABLE and isinstance(own, str) and own.isidentifier() and not keyword.iskeyword(own):
+                lines.append(f"{name} = {own}")
+    return lines
+
+
+def notebook_files(path: str) -> dict[str, str]:
+    """``{file name: source}``: the notebook at ``path`` laid out as the contract's files.
+
+    A notebook with role markers is split by role (``ROLE_FILES``); a role whose
+    answer cells (nbgrader's ``solution`` cells) hold only stubs is left out, as
+    not attempted, except the implementation. A notebook without markers is one
+    ``kv_cache.py`` (``notebook_source``).
+    """
+    nb = _read_notebook(path)
+    by_role: dict[str, list] = {}
+    for cell in nb.cells:
+        role = _role(cell)
+        if role is not None and _cell_code(cell) is not None:
+            by_role.setdefault(role, []).append(cell)
+    if not set(by_role) & set(ROLE_FILES):
+        return {"kv_cache.py": notebook_source(path)}
+    setup = [_cell_code(c) for c in by_role.get(SETUP_ROLE, [])]
+    files = {}
+    for role, name in ROLE_FILES.items():
+        cells = by_role.get(role, [])
+        answers = [_cell_code(c) for c in cells if _marker(c, "nbgrader", "solution") is True]
+        if role != "implementation" and (not cells or (answers and _only_stubs(answers))):
+            continue
+        parts = [f"# {name}: the cells of {os.path.basename(path)!r} marked {role!r} (kvkit grade wrote this file)."]
+        parts += setup
+        if role in AFTER_IMPLEMENTATION:
+            parts.append("from kv_cache import *  # noqa: F403 - the names the notebook's earlier cells defined")
+        parts += [_cell_code(c) for c in cells]
+        if role == "port":
+            parts.append("\n".join(_exports(cells)))
+        files[name] = _bounded(path, name, "\n\n".join(p for p in parts if p) + "\n")
+    return files
+
+
+def _imported_modules(source: str) -> set[str]:
+    """Dotted module names ``source`` imports (``import a.b``, ``from a.b import c``, ``from a import b``), as syntax."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def provide_helpers(workdir: str, sources: list[str]) -> list[str]:
+    """Copy into ``workdir`` the kit's helper files (``SHIPPED_HELPERS``) that ``sources`` import; return them.
+
+    The classroom notebook's own-test cells may plant mistakes with
+    ``catalogue.mutants``, which the starter bundle ships and the sandbox cannot
+    see. The copy is the kit's own file, written where the import finds it (the
+    submission's folder is on the sandbox's path) unless the submission has a
+    file there already; it is not among the files ``materialize`` returns, so it
+    is never graded, set aside or reported as the candidate's work.
+    """
+    wanted = set().union(*map(_imported_modules, sources)) if sources else set()
+    written = []
+    for module, rel in SHIPPED_HELPERS.items():
+        if module not in wanted:
+            continue
+        target = os.path.join(workdir, *rel.split("/"))
+        if os.path.lexists(target):
+            continue
+        source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), *rel.split("/"))
+        if not os.path.isfile(source):
+            continue
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(source, target)
+        written.append(rel)
+    return written
+
+
+def _write_notebook(path: str, workdir: str, skip: set[str] = frozenset()) -> list[str]:
+    """Write the notebook's files (``notebook_files``) into ``workdir``, those named in ``skip`` excepted."""
+    files = {name: text for name, text in notebook_files(path).items() if name not in skip}
+    for name, text in files.items():
+        with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
+            f.write(text)
+    provide_helpers(workdir, list(files.values()))
+    return sorted(files)
 
 
 def materialize(path: str, workdir: str) -> list[str]:
@@ -138,8 +300,8 @@ def materialize(path: str, workdir: str) -> list[str]:
         return _materialize_zip(path, workdir)
     if os.path.isfile(path):
         if path.endswith(".ipynb"):
-            source = notebook_source(path)
-        elif path.endswith(".py"):
+            return _write_notebook(path, workdir)
+        if path.endswith(".py"):
             if os.path.getsize(path) > MAX_FILE_BYTES:
                 raise SubmissionError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
             with open(path, encoding="utf-8", errors="replace") as f:
@@ -166,10 +328,8 @@ def materialize(path: str, workdir: str) -> list[str]:
             written.append(rel)
     if "kv_cache.py" not in written:
         ipynbs = sorted(n for n in os.listdir(path) if n.endswith(".ipynb") and not os.path.islink(os.path.join(path, n)))
-        if ipynbs:
-            with open(os.path.join(workdir, "kv_cache.py"), "w", encoding="utf-8") as f:
-                f.write(notebook_source(os.path.join(path, ipynbs[0])))
-            written.append("kv_cache.py")
+        if ipynbs:  # the folder's own files win over the notebook's
+            written += _write_notebook(os.path.join(path, ipynbs[0]), workdir, skip=set(written))
     return sorted(written)
 
 

@@ -8,6 +8,12 @@ step's goal in one sentence and its first failing check in plain words.
     kvkit progress [--dir DIR] [--watch]     every step, done or pending; exit 0 only when all pass
     kvkit hint [--dir DIR] [--step N]        the next hint for the current step, one at a time
 
+It says which step is running before it runs it. One check that does not
+return within ``--timeout`` seconds (10; ``$KVKIT_CHECK_TIMEOUT``) fails its
+step with the function it called and the line it was stuck on (the step
+tests' stepkit.watch interrupts it; see ``run_step`` for the backstops), and
+the steps after a stuck one are stopped: the learner fixes that loop first.
+
 This file is self-contained (the standard library, plus rich when it is
 installed), so the starter bundle ships a copy of it as ``progress.py``:
 
@@ -17,10 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import linecache
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 import xml.etree.ElementTree as ET
@@ -31,7 +41,10 @@ from pathlib import Path
 STEPS_FILE = "steps.toml"
 HINTS_STATE = ".kvkit-hints.json"
 IMPL_ENV = "KVKIT_IMPL"
-STEP_TIMEOUT_S = 600
+STEP_TIMEOUT_S = 600            # a whole step's pytest run, the last resort (step 7 runs many)
+CHECK_TIMEOUT_ENV = "KVKIT_CHECK_TIMEOUT"  # read by the step tests (stepkit.py) too
+CHECK_DUMP_ENV = "KVKIT_CHECK_DUMP"        # where the step tests' backstop writes the stuck stacks
+CHECK_TIMEOUT_S = 10.0          # one check: one configuration's calls into the learner's code
 
 
 class UsageError(Exception):
@@ -66,6 +79,8 @@ class Result:
     failure: str = ""
     seconds: float = 0.0
     properties: dict = field(default_factory=dict)
+    stuck: bool = False    # a check ran past the timeout (or the whole run past its limit)
+    stopped: bool = False  # not run, or ended early: an earlier step got stuck, or Ctrl-C
 
 
 # --------------------------------------------------------------------------- steps
@@ -150,15 +165,118 @@ def _first_failure(xml_path: Path) -> tuple[int, int, str, str, dict]:
     return passed, failed, check, message, properties
 
 
-def run_step(step: Step, folder: Path, timeout: float = STEP_TIMEOUT_S, impl: Path | None = None) -> Result:
+def check_timeout(given: float | None = None) -> float:
+    """Seconds one check may run: ``given``, else ``$KVKIT_CHECK_TIMEOUT``, else 10 (0: no limit)."""
+    if given is not None:
+        return given
+    try:
+        return float(os.environ.get(CHECK_TIMEOUT_ENV, "") or CHECK_TIMEOUT_S)
+    except ValueError:
+        return CHECK_TIMEOUT_S
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Kill the step's pytest and whatever it started (step 7 runs pytest again), running or left behind."""
+    if os.name == "posix":
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group id is its pid
+        except (ProcessLookupError, PermissionError):
+            pass
+    elif proc.poll() is None:
+        proc.kill()
+
+
+def _run_pytest(cmd: list, folder: Path, env: dict, limit: float, stop) -> tuple[str, str, str, int]:
+    """Run ``cmd``: ``(why, stdout, stderr, exit code)``; ``why`` is '' when it ended on its own,
+    "limit" past ``limit`` seconds, or the reason ``stop()`` gave for ending it early."""
+    extra = {"start_new_session": True} if os.name == "posix" else {}
+    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **extra)
+    deadline = time.monotonic() + limit
+    why, stdout, stderr = "", "", ""
+    try:
+        while True:
+            try:
+                stdout, stderr = proc.communicate(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                why = (stop() if stop is not None else "") or ("limit" if time.monotonic() > deadline else "")
+                if why:
+                    break
+    finally:
+        _stop_group(proc)  # also on Ctrl-C here, and after a run whose grandchildren outlived it
+    if why:
+        stdout, stderr = proc.communicate()
+    return why, stdout, stderr, proc.returncode
+
+
+_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<name>.+)$')
+
+
+def _learner_file(path: Path, learner: Path, tests: Path) -> bool:
+    if not path.is_absolute():  # "<frozen runpy>", "<string>": no file, and not the learner's
+        return False
+    try:
+        path = path.resolve()
+        return (path.is_relative_to(learner) and not path.is_relative_to(tests)
+                and not any(p.startswith(".") or p == "site-packages" for p in path.relative_to(learner).parts))
+    except (OSError, ValueError):
+        return False
+
+
+def _from_dump(text: str, number: int, learner: Path, tests: Path) -> str:
+    """The plain-words failure from the step tests' backstop dump ('' when it holds no stack).
+
+    The dump is a header (``step:``, ``seconds:``, ``check:``) and faulthandler's
+    stack of every thread, innermost frame first.
+    """
+    if "most recent call first" not in text:
+        return ""
+    header = {}
+    blocks: list[list] = []
+    for line in text.splitlines():
+        if "most recent call first" in line:
+            blocks.append([])
+        elif not blocks:
+            key, sep, value = line.partition(": ")
+            if sep:
+                header[key] = value
+        elif (m := _DUMP_FRAME.match(line)) and _learner_file(Path(m["file"]), learner, tests):
+            blocks[-1].append((m["name"], Path(m["file"]), int(m["line"])))
+    frames = next((b for b in blocks if b), [])
+    seconds = header.get("seconds", "?")
+    check = f" on {header['check']}" if header.get("check") else ""
+    note = ("It did not stop when interrupted (stuck inside one NumPy or PyTorch call, or an `except` that "
+            "swallowed the interruption), so its tests were ended.")
+    if not frames:
+        return f"step {number}: a check did not finish within {seconds} s{check}; an endless loop? {note}"
+    (name, path, lineno), called = frames[0], frames[-1][0]
+    source = linecache.getline(str(path), lineno).strip()
+    where = f"{path.name} line {lineno}" + (f", in {name}" if name != called else "") + (f": `{source}`" if source else "")
+    return f"step {number}: {called} did not return within {seconds} s{check} ({where}); an endless loop? {note}"
+
+
+def run_step(step: Step, folder: Path, timeout: float = STEP_TIMEOUT_S, impl: Path | None = None,
+             check_seconds: float | None = None, stop=None) -> Result:
     """Run one step's tests with pytest in a fresh process and read back the first failure.
 
     The tests check the code in ``impl`` when given, else in ``$KVKIT_IMPL``
-    when set, else in ``folder``.
+    when set, else in ``folder``. One check may run ``check_seconds``
+    (``check_timeout()`` when None). ``stop``, if given, is called while the
+    tests run: a non-empty reason it returns ends them (the step is then
+    "pending", ``stopped``).
+
+    A stuck check ends in one of three ways, each with the function and line:
+    the step tests interrupt it (SIGALRM, stepkit.watch; an ordinary failure
+    in the report, with the property ``check_timeout``); their faulthandler
+    backstop writes its stack to a file here and ends pytest; or, last, the
+    whole run passes ``timeout`` seconds and this process group is killed.
     """
     start = time.monotonic()
+    learner = Path(impl or os.environ.get(IMPL_ENV) or folder).resolve()
     with tempfile.TemporaryDirectory(prefix="kvkit-progress-") as tmp:
         report = Path(tmp) / "report.xml"
+        dump = Path(tmp) / "stuck.txt"
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--tb=short",
                f"--junitxml={report}", "-o", "junit_family=xunit1", *step.tests]
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
@@ -169,38 +287,91 @@ def run_step(step: Step, folder: Path, timeout: float = STEP_TIMEOUT_S, impl: Pa
             env.pop("PYTEST_ADDOPTS", None)  # options for plugins that are now off (say, -n of xdist)
         if impl is not None:
             env[IMPL_ENV] = str(impl)
+        env[CHECK_TIMEOUT_ENV] = f"{check_timeout(check_seconds):g}"
+        env[CHECK_DUMP_ENV] = str(dump)
+        why, stdout, stderr, returncode = _run_pytest(cmd, folder, env, timeout, stop)
+        seconds = time.monotonic() - start
         try:
-            proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return Result(step, "pending", check="(timeout)", seconds=time.monotonic() - start,
+            stuck = _from_dump(dump.read_text(encoding="utf-8", errors="replace"), step.number, learner,
+                               folder.resolve() / "tests")
+        except OSError:
+            stuck = ""
+        if why and why != "limit":
+            return Result(step, "pending", check="(stopped)", seconds=seconds, stopped=True,
+                          failure=f"step {step.number}: stopped before it finished: {why}.")
+        if stuck:
+            return Result(step, "pending", check="(timeout)", failure=stuck, seconds=seconds, stuck=True)
+        if why == "limit":
+            return Result(step, "pending", check="(timeout)", seconds=seconds, stuck=True,
                           failure=f"step {step.number}: its tests were still running after {timeout:.0f} s: "
                                   f"is there an endless loop?")
-        seconds = time.monotonic() - start
         if report.is_file():
             passed, failed, check, message, props = _first_failure(report)
         else:
             passed, failed, check, message, props = 0, 0, "", "", {}
-    if proc.returncode == 0 and failed == 0 and passed > 0:
+    if returncode == 0 and failed == 0 and passed > 0:
         return Result(step, "done", passed=passed, seconds=seconds, properties=props)
     if not message:
-        tail = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()][-6:]
-        message = (f"step {step.number}: pytest could not run its tests (exit code {proc.returncode}):\n"
+        tail = [line for line in (stdout + stderr).splitlines() if line.strip()][-6:]
+        message = (f"step {step.number}: pytest could not run its tests (exit code {returncode}):\n"
                    + "\n".join(tail))
     return Result(step, "pending", passed=passed, failed=failed, check=check, failure=message,
-                  seconds=seconds, properties=props)
+                  seconds=seconds, properties=props, stuck="check_timeout" in props)
 
 
-def run_all(steps: list[Step], folder: Path, jobs: int | None = None, impl: Path | None = None) -> list[Result]:
-    """Every step's result, in step order; steps run side by side in ``jobs`` processes."""
+def _announce(out, step: Step) -> None:
+    if out is not None:
+        out.line((f"running step {step.number}: {step.title} ...", "dim"))
+
+
+def run_all(steps: list[Step], folder: Path, jobs: int | None = None, impl: Path | None = None,
+            out=None, check_seconds: float | None = None) -> list[Result]:
+    """Every step's result, in step order; steps run side by side in ``jobs`` processes.
+
+    Each step is announced on ``out`` (when given) as it starts. Once a step
+    gets stuck (a check ran past the timeout), the steps after it are stopped
+    or not started: they would likely hang on the same loop, and the current
+    step is the stuck one (or one before it) either way.
+    """
     jobs = jobs or max(1, min(len(steps), os.cpu_count() or 1))
+    lock = threading.Lock()
+    first_stuck: list[int] = []
+    interrupted = threading.Event()
+
+    def reason(index: int) -> str:
+        if interrupted.is_set():
+            return "interrupted"
+        with lock:
+            before = [i for i in first_stuck if i < index]
+        return f"step {steps[min(before)].number} got stuck first" if before else ""
+
+    def one(index: int) -> Result:
+        step = steps[index]
+        why = reason(index)
+        if why:
+            return Result(step, "pending", check="(not run)", stopped=True,
+                          failure=f"step {step.number}: not run: {why}.")
+        _announce(out, step)
+        result = run_step(step, folder, impl=impl, check_seconds=check_seconds, stop=lambda: reason(index))
+        if result.stuck:
+            with lock:
+                first_stuck.append(index)
+        return result
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda s: run_step(s, folder, impl=impl), steps))
+        futures = [pool.submit(one, i) for i in range(len(steps))]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:  # Ctrl-C: every running step ends its process group at its next poll
+            interrupted.set()
+            raise
 
 
-def run_until_pending(steps: list[Step], folder: Path) -> Result | None:
+def run_until_pending(steps: list[Step], folder: Path, out=None, check_seconds: float | None = None) -> Result | None:
     """Run the steps in order and stop at the first that is not done; None when all are."""
     for step in steps:
-        result = run_step(step, folder)
+        _announce(out, step)
+        result = run_step(step, folder, check_seconds=check_seconds)
         if result.status != "done":
             return result
     return None
@@ -251,6 +422,12 @@ def render(results: list[Result], folder: Path, out: Out, prog: str) -> None:
         out.line((f" {mark} ", style), (f"step {r.step.number}  ", "bold" if r is current else ""),
                  (f"{r.step.title:<44}", ""), (f"{r.status:<8}", style), (f" {count}" if count else "", "dim"),
                  ("   <- you are here" if r is current else "", "bold yellow"))
+    stopped = [r for r in results if r.stopped and r is not current]
+    stuck = next((r for r in results if r.stuck), None)
+    if stopped and stuck is not None:
+        numbers = ", ".join(str(r.step.number) for r in stopped)
+        out.line((f"   (step{'s' if len(stopped) > 1 else ''} {numbers} stopped early: step {stuck.step.number} got stuck "
+                  f"first; they run again once it returns)", "dim"))
     out.line("")
     done = sum(r.status == "done" for r in results)
     if current is None:
@@ -305,6 +482,9 @@ def progress_main(argv: list[str] | None = None, console=None, prog: str = "kvki
     parser.add_argument("--dir", help="the exercises directory (default: ./exercises, or . when it holds steps.toml)")
     parser.add_argument("--watch", action="store_true", help="rerun whenever a file is saved (Ctrl-C to stop)")
     parser.add_argument("--jobs", type=int, default=None, help="steps run side by side (default: one per CPU)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help=f"how long one check may run before its step fails as stuck "
+                             f"(default: ${CHECK_TIMEOUT_ENV}, else {CHECK_TIMEOUT_S:g}; 0: no limit)")
     parser.add_argument("--interval", type=float, default=0.5, help=argparse.SUPPRESS)
     parser.add_argument("--max-runs", type=int, default=None, help=argparse.SUPPRESS)  # for tests of --watch
     args = parser.parse_args(argv)
@@ -320,7 +500,7 @@ def progress_main(argv: list[str] | None = None, console=None, prog: str = "kvki
     try:
         while True:
             before = _mtimes(folder)
-            results = run_all(steps, folder, args.jobs)
+            results = run_all(steps, folder, args.jobs, out=out, check_seconds=args.timeout)
             runs += 1
             if args.watch:
                 out.clear()
@@ -349,6 +529,8 @@ def hint_main(argv: list[str] | None = None, console=None, prog: str = "kvkit hi
     parser.add_argument("--dir", help="the exercises directory (default: ./exercises, or . when it holds steps.toml)")
     parser.add_argument("--step", type=int, help="hints for this step instead of the current one")
     parser.add_argument("--reset", action="store_true", help="start every step's hints from the first again")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help=f"how long one check may run (default: ${CHECK_TIMEOUT_ENV}, else {CHECK_TIMEOUT_S:g})")
     args = parser.parse_args(argv)
     out = Out(console)
     try:
@@ -368,7 +550,7 @@ def hint_main(argv: list[str] | None = None, console=None, prog: str = "kvkit hi
             out.line((f"{prog}: there is no step {args.step} (steps: {', '.join(str(s.number) for s in steps)})", "red"))
             return 2
     else:
-        pending = run_until_pending(steps, folder)
+        pending = run_until_pending(steps, folder, out, check_seconds=args.timeout)
         if pending is None:
             out.line(("Every step is done: no hint needed.", "green"))
             return 0

@@ -2,7 +2,7 @@
 
 Course layout (nbgrader's defaults, relative to this directory):
 
-    source/kv_cache/kv_cache.ipynb        the instructor's notebook (built by build_notebook.py)
+    source/kv_cache/kv_cache.ipynb        the instructor's notebook (made by jupytext from kv_cache.pct.py)
     release/kv_cache/kv_cache.ipynb       the student version  (nbgrader generate_assignment kv_cache)
     submitted/<student>/kv_cache/         what students hand in (nbgrader collect / zip_collect, or copy)
     autograded/<student>/kv_cache/        graded notebooks     (nbgrader autograde kv_cache)

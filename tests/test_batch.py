@@ -2,18 +2,25 @@
 with --jobs 2; the batch is killed halfway and rerun with --resume, which grades only the rest and
 loses nothing. Every report is written atomically, so what the kill leaves behind is either a whole
 report or nothing.
+
+And Ctrl-C: a batch interrupted while its sandboxes run stops within 2 s, says in one line how many
+reports it wrote and how to resume, and leaves no sandbox process and no temporary folder behind.
 """
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 import tomllib
+
+import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_hostile  # noqa: E402 - the hostile acts, built on one honest base
@@ -123,3 +130,97 @@ def test_batch_kill_and_resume(tmp_path):
     assert all(int(r["total"]) == CLASS_SIZE for r in criteria if r["id"] in hire)  # never optional
     with open(os.path.join(out, "grades.csv")) as f:
         assert len(list(csv.DictReader(f))) == CLASS_SIZE
+
+
+def _processes() -> dict:
+    """``{pid: (parent pid, state, process group)}`` from /proc."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                found[int(name)] = (int(fields[1]), fields[0], int(fields[2]))
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
+def _below(root: int) -> set:
+    table = _processes()
+    found, todo = set(), [root]
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, _, _) in table.items():
+            if ppid == parent and pid not in found:
+                found.add(pid)
+                todo.append(pid)
+    return found
+
+
+def _sandboxes_running(grader: int) -> bool:
+    """A worker's child that leads a process group of its own: a sandbox (launch.run_session) has started."""
+    table = _processes()
+    return any(pgid == pid and table.get(ppid, (None,))[0] == grader for pid, (ppid, _, pgid) in table.items())
+
+
+def _grading_started(tmp: str) -> bool:
+    """A worker has laid out its first submission (launch.temp_dir's kvkit-sub-<pid>-...)."""
+    return any(name.startswith("kvkit-sub-") for name in os.listdir(tmp))
+
+
+@pytest.mark.parametrize("target,when", [("group", "sandboxes"), ("grader", "start")],
+                         ids=["ctrl-c at the terminal, sandboxes running", "kill -INT, grading starting"])
+def test_ctrl_c_stops_within_2_s_and_leaves_nothing_behind(tmp_path, target, when):
+    class_dir, out, tmp = tmp_path / "class", str(tmp_path / "out"), str(tmp_path / "tmp")
+    os.mkdir(tmp)
+    for i in range(4):
+        shutil.copytree(os.path.join(EXAMPLES, "strong_hire"), class_dir / f"student{i}")
+    env = dict(os.environ, TMPDIR=tmp)  # the grader's temporary folders (launch.temp_dir) land here
+    grader = subprocess.Popen(command(str(class_dir), out), cwd=ROOT, env=env, start_new_session=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Interrupt once the stage is under way (or the first report is written, or 20 s have passed).
+        ready = (lambda: _sandboxes_running(grader.pid)) if when == "sandboxes" else (lambda: _grading_started(tmp))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and grader.poll() is None and not reports_in(out) and not ready():
+            time.sleep(0.05)
+        assert grader.poll() is None, grader.communicate()
+        time.sleep(0.3)
+        below = _below(grader.pid)  # the workers, the sandboxes, the processes inside them
+        workers = {pid for pid, (ppid, _, _) in _processes().items() if ppid == grader.pid}
+        sent = time.monotonic()
+        if target == "group":
+            os.killpg(grader.pid, signal.SIGINT)  # what Ctrl-C at a terminal does: the whole foreground group
+        else:
+            os.kill(grader.pid, signal.SIGINT)
+        stdout, stderr = grader.communicate(timeout=30)
+        elapsed = time.monotonic() - sent
+    finally:
+        if grader.poll() is None:
+            os.killpg(grader.pid, signal.SIGKILL)
+            grader.wait()
+    print(f"\nCtrl-C ({target}) with {len(below)} processes below the grader: stopped in {elapsed:.2f} s")
+    assert elapsed < 2.0, f"took {elapsed:.2f} s to stop"
+    assert grader.returncode == 130, stdout + stderr
+    assert "Traceback" not in stdout + stderr, stdout + stderr
+    lines = [line for line in (stdout + stderr).splitlines() if line.strip() and not line.startswith("warning:")]
+    assert len(lines) == 1, lines
+    written = len(reports_in(out))
+    assert re.fullmatch(rf"stopped: {written} report\(s\) written to {re.escape(out)} this run, "
+                        rf"{4 - written} left: rerun the same command with --resume to grade the rest", lines[0]), lines
+    time.sleep(0.2)  # killed processes are reaped by init
+    table = _processes()
+    alive = sorted(pid for pid in below if pid in table and table[pid][1] != "Z")
+    assert not alive, f"still running after the stop: {alive}"
+    assert not [name for name in os.listdir(tmp) if name.startswith("kvkit-")], os.listdir(tmp)
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # where the probe data goes by default
+    pids = workers | {grader.pid}
+    left = [n for n in (os.listdir(shm) if shm else []) if n.startswith("kvkit-") and
+            any(n.startswith(f"kvkit-probe-data-{pid}-") for pid in pids)]
+    assert not left, left
+    groups = []  # the sandboxes' cgroups, kvkit-<pid>-<n> (grader/sandbox/cgroup.py), where the machine has them
+    for depth in range(1, 5):
+        for pid in pids:
+            groups += glob.glob(os.path.join("/sys/fs/cgroup", *["*"] * depth, f"kvkit-{pid}-*"))
+    assert not groups, groups

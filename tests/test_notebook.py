@@ -1,33 +1,54 @@
-"""The classroom notebook (docs/notebook.md), graded by the real nbgrader.
+"""The classroom notebook (docs/notebook.md): its text source, its metadata, and the real nbgrader.
 
-The grading test copies the nbgrader course (``notebooks/``) into a temporary
-directory, runs ``nbgrader generate_assignment``, places submissions under
-``submitted/<student>/kv_cache/``, runs ``nbgrader autograde`` and reads the
-scores from nbgrader's gradebook (``nbgrader.api.Gradebook`` on the course's
-``gradebook.db``), never from its log. The kernel is pinned to this
+The source is ``notebooks/kv_cache.pct.py``, a jupytext percent-format file with
+nbgrader's metadata (and the kit's ``kvkit`` marker) in each cell header; the
+``.ipynb`` nbgrader reads is made from it by jupytext. The fast tests read both
+as data: the pair is in sync, the answer cells hold the code of solutions/, every
+graded cell names rubric criteria and is worth their points, the sections follow
+exercises/steps.toml.
+
+The grading test (marked ``slow``) copies the nbgrader course (``notebooks/``)
+into a temporary directory, runs ``nbgrader generate_assignment``, places
+submissions under ``submitted/<student>/kv_cache/``, runs ``nbgrader autograde``
+and reads the scores from nbgrader's gradebook (``nbgrader.api.Gradebook`` on the
+course's ``gradebook.db``), never from its log. The kernel is pinned to this
 interpreter (a ``python3`` kernelspec on a temporary ``JUPYTER_PATH``), so the
-hidden tests import the kit from the environment running the tests.
-
-The grading is one test (one course, one ``generate_assignment``, one
-``autograde`` of four submissions), so that ``pytest -n 2`` never runs two
-kernels' worth of it on one worker while the other idles.
+hidden tests import the kit from the environment running the tests. It is one
+test (one course, one ``generate_assignment``, one ``autograde`` of four
+submissions), so that ``pytest -n 2`` never runs two kernels' worth of it on one
+worker while the other idles.
 """
 from __future__ import annotations
 
-import importlib.util
+import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import nbformat
+import pytest
+
+from grader import rubric as rubric_mod
 
 ROOT = Path(__file__).resolve().parents[1]
 COURSE = ROOT / "notebooks"
 ASSIGNMENT = NOTEBOOK = "kv_cache"
+TEXT = COURSE / "kv_cache.pct.py"
 SOURCE = COURSE / "source" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+REBUILD = ".venv/bin/jupytext --update --to ipynb -o notebooks/source/kv_cache/kv_cache.ipynb notebooks/kv_cache.pct.py"
+
+# The file of solutions/ whose definitions each hand-back role's cells hold (own tests have none there).
+SOLUTION_FILES = {"implementation": "kv_cache.py", "cost": "cost.py", "port": "kv_cache_torch.py"}
+ROLES = {"setup", "implementation", "cost", "port", "own_tests"}
+# The notebook's own-test functions: graded by the hidden tests on the kit's reference, not copies of solutions/.
+OWN_CHECK = {"reference_attention", "check_against_reference", "test_check_against_reference"}
+# Rubric criteria no notebook cell grades, and why.
+NOT_IN_NOTEBOOK = {"live_length": "measured by timing decode in two reservations, which kvkit grade does"}
 
 # The two planted mistakes, each replacing one answer cell of the full solution.
 CHUNK_LOCAL_MASK = '''
@@ -48,56 +69,200 @@ def softmax_visible(scores, visible):
 '''
 
 
-def _builder():
-    spec = importlib.util.spec_from_file_location("build_notebook", COURSE / "build_notebook.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-BUILDER = _builder()
-POINTS = BUILDER.POINTS
-
-
 def _nbgrader_meta(cell) -> dict:
     return cell.metadata.get("nbgrader", {})
 
 
-# ------------------------------------------------------------ the committed notebook
+def _grade_id(cell) -> str:
+    return _nbgrader_meta(cell)["grade_id"]
 
 
-def test_committed_notebook_is_what_the_build_script_writes():
-    assert SOURCE.read_text(encoding="utf-8") == BUILDER.render(), \
-        "notebooks/source/kv_cache/kv_cache.ipynb is stale: run .venv/bin/python notebooks/build_notebook.py"
+def _kvkit(cell) -> dict:
+    return cell.metadata.get("kvkit", {})
+
+
+def _notebook():
+    return nbformat.read(SOURCE, as_version=4)
+
+
+def _graded(nb) -> dict:
+    return {_grade_id(c): c for c in nb.cells if _nbgrader_meta(c).get("grade")}
+
+
+# ------------------------------------------------------------ the text source and the .ipynb
+
+
+def test_the_ipynb_is_what_jupytext_makes_of_the_text_file():
+    import jupytext
+
+    made, committed = jupytext.read(TEXT), _notebook()
+    cells = lambda nb: [(c.cell_type, c.source, dict(c.metadata)) for c in nb.cells]  # noqa: E731
+    assert cells(made) == cells(committed), f"{SOURCE.relative_to(ROOT)} is stale: run {REBUILD}"
+    assert made.metadata.kernelspec == committed.metadata.kernelspec
+    # nbgrader copies every other file of source/kv_cache/ into the student version (but what it ignores:
+    # checkpoints, caches): the text, with its solutions and hidden tests, must live outside it.
+    others = [p.name for p in SOURCE.parent.iterdir() if p.name != SOURCE.name
+              and not p.name.startswith(".") and p.name != "__pycache__"]
+    assert others == [], f"source/{ASSIGNMENT}/ would release {others} to students"
 
 
 def test_nbgrader_metadata():
-    nb = nbformat.read(SOURCE, as_version=4)
+    nb = _notebook()
     assert nb.metadata.kernelspec.name == "python3"
-    ids, graded, solutions = set(), {}, []
+    ids, solutions = set(), []
     for cell in nb.cells:
         meta = _nbgrader_meta(cell)
         assert meta.get("schema_version") == 3, f"cell {cell.id} has no nbgrader metadata of schema 3"
-        assert meta["grade_id"] not in ids and meta["grade_id"] == cell.id
+        assert meta["grade_id"] not in ids, meta["grade_id"]
         ids.add(meta["grade_id"])
         if meta["grade"]:
             assert cell.cell_type == "code" and meta["locked"] and not meta["solution"]
-            graded[meta["grade_id"]] = cell
         elif meta["solution"]:
             assert cell.cell_type == "code" and not meta["locked"]
             assert "### BEGIN SOLUTION" in cell.source and "### END SOLUTION" in cell.source
-            solutions.append(cell.id)
+            solutions.append(meta["grade_id"])
         else:
-            assert meta["locked"], f"cell {cell.id} is neither an answer nor read-only"
-    assert {g: _nbgrader_meta(c)["points"] for g, c in graded.items()} == POINTS
+            assert meta["locked"], f"cell {meta['grade_id']} is neither an answer nor read-only"
+    graded = _graded(nb)
     for grade_id, cell in graded.items():
         assert "### BEGIN HIDDEN TESTS" in cell.source and "### END HIDDEN TESTS" in cell.source, grade_id
         hidden = cell.source.split("### BEGIN HIDDEN TESTS")[1]
         assert "grader" in hidden or "solutions" in hidden, f"{grade_id}: hidden tests do not call the kit"
     for grade_id in ("test_chunked_prefill", "test_padding", "test_decode", "test_full_prefill", "test_head_mapping"):
         assert "from grader.checks import check" in graded[grade_id].source, grade_id
-    assert {"cost", "kv_cache", "gqa_attention", "visible_keys", "softmax_visible", "torch_port",
+    from grader.checks import NAMES
+
+    called = {name for cell in graded.values() for name in re.findall(r'\bcheck\("(\w+)"', cell.source)}
+    assert called and called <= set(NAMES), f"hidden tests call checks grader.checks lacks: {called - set(NAMES)}"
+    assert {"cost", "kv_cache", "group_queries", "visible_keys", "softmax_visible", "gqa_attention", "torch_port",
             "own_check"} <= set(solutions)
+
+
+# ------------------------------------------------------------ points from the rubric
+
+
+def test_each_graded_cell_names_rubric_criteria_and_is_worth_their_points():
+    rubric = rubric_mod.load()
+    named = {}
+    for grade_id, cell in _graded(_notebook()).items():
+        criteria = _kvkit(cell).get("criteria")
+        assert criteria and all(c in rubric.criteria for c in criteria), \
+            f"{grade_id} must name criteria of grader/rubric.toml in its kvkit metadata, got {criteria!r}"
+        for cid in criteria:
+            assert cid not in named, f"{cid} is graded by both {named[cid]} and {grade_id}"
+            named[cid] = grade_id
+        want = sum(rubric.criteria[c]["points"] for c in criteria)
+        assert _nbgrader_meta(cell)["points"] == want, \
+            f"{grade_id} is worth {_nbgrader_meta(cell)['points']} points; its criteria {criteria} are worth {want}"
+    assert set(rubric.criteria) - set(named) == set(NOT_IN_NOTEBOOK)
+
+
+def test_the_points_add_up_to_what_the_rubric_implies():
+    rubric = rubric_mod.load()
+    total = sum(_nbgrader_meta(c)["points"] for c in _graded(_notebook()).values())
+    assert total == rubric.max_score - sum(rubric.criteria[c]["points"] for c in NOT_IN_NOTEBOOK)
+
+
+def test_the_table_at_the_top_names_each_graded_cells_criteria():
+    nb = _notebook()
+    (table,) = [c.source for c in nb.cells if _grade_id(c) == "points"]
+    rows = {m[0]: m[1] for m in re.findall(r"^\| .* \| `(test_\w+)` \| (.*) \|$", table, flags=re.M)}
+    graded = _graded(nb)
+    assert list(rows) == list(graded), "one row per graded cell, in notebook order"
+    for grade_id, cell in graded.items():
+        assert rows[grade_id] == ", ".join(f"`{c}`" for c in _kvkit(cell)["criteria"]), grade_id
+    assert not re.search(r"\bpoints? \|", table), "the points are the rubric's: the table names criteria only"
+
+
+# ------------------------------------------------------------ the learner's path
+
+
+def test_sections_follow_the_steps_in_order():
+    steps = [s["number"] for s in tomllib.loads((ROOT / "exercises" / "steps.toml").read_text())["step"]]
+    sections = [(c.source.splitlines()[0], _kvkit(c)["step"]) for c in _notebook().cells
+                if c.cell_type == "markdown" and "step" in _kvkit(c)]
+    assert all(title.startswith("## ") for title, _ in sections), sections
+    order = [steps.index(step) for _, step in sections]
+    assert order == sorted(order), f"sections out of steps.toml's order: {sections}"
+    assert sorted(set(order)) == list(range(len(steps))), "every step has a section"
+    numbers = [int(re.match(r"## (\d+)\.", title).group(1)) for title, _ in sections]
+    assert numbers == list(range(1, len(numbers) + 1)), numbers
+
+
+# ------------------------------------------------------------ the answers are solutions/
+
+
+class _Normalise(ast.NodeTransformer):
+    """Docstrings dropped (the notebook keeps its own, for the learner); names mapped to solutions/."""
+
+    def __init__(self, rename: dict):
+        self.rename = rename
+
+    def _body(self, node):
+        self.generic_visit(node)
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+        return node
+
+    def visit_FunctionDef(self, node):
+        node.name = self.rename.get(node.name, node.name)
+        return self._body(node)
+
+    def visit_ClassDef(self, node):
+        node.name = self.rename.get(node.name, node.name)
+        return self._body(node)
+
+    def visit_Name(self, node):
+        node.id = self.rename.get(node.id, node.id)
+        return node
+
+
+def _definitions(source: str, rename: dict | None = None) -> dict:
+    """``{name: ast.dump}`` of the top-level functions and classes of ``source``, normalised."""
+    tree = _Normalise(rename or {}).visit(ast.parse(source))
+    return {n.name: ast.dump(n) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+def _port_names(source: str) -> dict:
+    """The port cell's names mapped to the module's: ``visible_keys_torch`` -> ``visible_keys``, ``KVCacheTorch`` -> ``KVCache``."""
+    names = [n.name for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    return {n: re.sub(r"(_torch|Torch)$", "", n) for n in names}
+
+
+def test_answer_cells_hold_the_code_of_solutions():
+    """Each hand-back role's definitions are solutions/' own, function for function (docstrings aside)."""
+    nb = _notebook()
+    by_role: dict = {}
+    for cell in nb.cells:
+        role = _kvkit(cell).get("role")
+        if cell.cell_type == "code" and role is not None:
+            assert role in ROLES, f"{_grade_id(cell)}: unknown role {role!r}"
+            by_role.setdefault(role, []).append(cell)
+    for cell in nb.cells:
+        meta = _nbgrader_meta(cell)
+        if meta.get("solution"):
+            assert _kvkit(cell).get("role") in ROLES - {"setup"}, f"answer cell {meta['grade_id']} has no hand-back role"
+        if meta.get("grade"):
+            assert "role" not in _kvkit(cell), f"graded cell {meta['grade_id']} is not handed back"
+    for role, name in SOLUTION_FILES.items():
+        source = "\n\n".join(c.source for c in by_role[role])
+        rename = _port_names(source) if role == "port" else {}
+        mine = _definitions(source, rename)
+        theirs = _definitions((ROOT / "solutions" / name).read_text(encoding="utf-8"))
+        assert set(mine) == set(theirs), f"{role} cells define {sorted(mine)}, solutions/{name} {sorted(theirs)}"
+        for fn in theirs:
+            assert mine[fn] == theirs[fn], f"{fn} in the notebook's {role} cells differs from solutions/{name}"
+    own = _definitions("\n\n".join(c.source for c in by_role["own_tests"]))
+    assert set(own) == OWN_CHECK
+
+
+def test_the_port_cell_exports_the_contracts_names():
+    (port,) = [c for c in _notebook().cells if _grade_id(c) == "torch_port"]
+    defined = set(_port_names(port.source))
+    exports = _kvkit(port)["exports"]
+    assert set(exports) == {"KVCache", "gqa_attention"} and set(exports.values()) <= defined
 
 
 # ------------------------------------------------------------ real nbgrader
@@ -140,8 +305,8 @@ def _submit(course_dir: Path, student: str, nb) -> None:
 
 def _replace_answer(grade_id: str, source: str):
     """The source notebook with answer cell ``grade_id`` rewritten."""
-    nb = nbformat.read(SOURCE, as_version=4)
-    (cell,) = [c for c in nb.cells if c.id == grade_id]
+    nb = _notebook()
+    (cell,) = [c for c in nb.cells if _grade_id(c) == grade_id]
     assert _nbgrader_meta(cell)["solution"]
     cell.source = source.strip()
     return nb
@@ -158,10 +323,11 @@ def _scores(course_dir: Path, student: str) -> dict:
 
 def _errors(course_dir: Path, student: str) -> list:
     nb = nbformat.read(course_dir / "autograded" / student / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
-    return [(cell.id, out.get("ename"), out.get("evalue", "")[:200]) for cell in nb.cells
+    return [(_grade_id(cell), out.get("ename"), out.get("evalue", "")[:200]) for cell in nb.cells
             if cell.cell_type == "code" for out in cell.outputs if out.output_type == "error"]
 
 
+@pytest.mark.slow
 def test_nbgrader_generate_and_autograde(tmp_path):
     """generate_assignment, then one autograde of four submissions, scored from the gradebook."""
     course_dir = tmp_path / "course"
@@ -171,33 +337,38 @@ def test_nbgrader_generate_and_autograde(tmp_path):
     env = _environment(tmp_path)
     _nbgrader(course_dir, env, "generate_assignment", ASSIGNMENT)
 
-    # The student version: no solution, no hidden test, no output; a stub in every answer cell.
+    # The student version: no solution, no hidden test, no output; a stub in every answer cell; the
+    # hand-back roles kept (kvkit grade splits a handed-in copy by them).
     release = nbformat.read(course_dir / "release" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
     text = "\n".join(cell.source for cell in release.cells)
     for leak in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", "grader.checks", "from solutions",
                  "return 2 * layers * kv_heads"):
         assert leak not in text, f"the student version contains {leak!r}"
-    stubs = [c.id for c in release.cells if "raise NotImplementedError()" in c.source]
+    stubs = [_grade_id(c) for c in release.cells if "raise NotImplementedError()" in c.source]
     assert {"cost", "kv_cache", "group_queries", "visible_keys", "softmax_visible", "gqa_attention",
             "torch_port", "own_check"} <= set(stubs)
     assert all(not c.get("outputs") for c in release.cells if c.cell_type == "code")
+    source_markers = {_grade_id(c): _kvkit(c) for c in _notebook().cells}
+    assert {_grade_id(c): _kvkit(c) for c in release.cells} == source_markers
+    assert sorted(p.name for p in (course_dir / "release" / ASSIGNMENT).iterdir()) == [f"{NOTEBOOK}.ipynb"]
 
     # One autograde run (nbgrader grades students one after the other) for the four submissions.
-    _submit(course_dir, "solved", nbformat.read(SOURCE, as_version=4))
+    _submit(course_dir, "solved", _notebook())
     _submit(course_dir, "blank", release)
     _submit(course_dir, "chunk_local", _replace_answer("visible_keys", CHUNK_LOCAL_MASK))
     _submit(course_dir, "nan_padding", _replace_answer("softmax_visible", NAN_PADDING))
     _nbgrader(course_dir, env, "autograde", ASSIGNMENT)
 
-    full = {g: (float(p), float(p)) for g, p in POINTS.items()}
+    points = {g: float(_nbgrader_meta(c)["points"]) for g, c in _graded(_notebook()).items()}
+    full = {g: (p, p) for g, p in points.items()}
     solved = _scores(course_dir, "solved")
     assert solved == full, solved
     assert _errors(course_dir, "solved") == [], "the solved notebook must run top to bottom without an error"
 
     blank = _scores(course_dir, "blank")
-    assert set(blank) == set(POINTS) and all(score == 0 for score, _ in blank.values()), blank
+    assert set(blank) == set(points) and all(score == 0 for score, _ in blank.values()), blank
     failed = {cell for cell, _, _ in _errors(course_dir, "blank")}
-    assert set(POINTS) <= failed, "every graded cell of the blank notebook must fail, not be skipped"
+    assert set(points) <= failed, "every graded cell of the blank notebook must fail, not be skipped"
 
     assert _scores(course_dir, "chunk_local") == {**full, "test_chunked_prefill": (0.0, full["test_chunked_prefill"][1])}
     assert _scores(course_dir, "nan_padding") == {**full, "test_padding": (0.0, full["test_padding"][1])}

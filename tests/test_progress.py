@@ -252,19 +252,17 @@ def test_progress_py_runs_as_a_script_without_the_kit(tmp_path):
 # --------------------------------------------------------------------------- a check that never returns
 
 def looping_copy(target: Path, loop: str) -> tuple[Path, int]:
-    """A fresh copy of exercises/ holding the reference, except that gqa_attention runs ``loop`` forever.
+    """A fresh copy of exercises/ holding the reference, whose gqa_attention first runs ``loop`` forever.
 
     Returns the folder and the line number of the loop's first line in kv_cache.py.
     """
     folder = fresh_copy(target)
     for name in ("kv_cache_torch.py", "cost.py"):
         shutil.copyfile(SOLUTIONS / name, folder / name)
-    source = (SOLUTIONS / "kv_cache.py").read_text()
-    anchor = "    out = np.zeros(q.shape, dtype=q.dtype)\n"
-    assert anchor in source
-    before = source[:source.index(anchor) + len(anchor)]
-    (folder / "kv_cache.py").write_text(before + loop + source[len(before):])
-    return folder, before.count("\n") + 1
+    source = (SOLUTIONS / "kv_cache.py").read_text().rstrip("\n") + "\n\n\n_reference = gqa_attention\n\n\n"
+    wrapper = "def gqa_attention(q, cache, n_new):\n" + loop + "    return _reference(q, cache, n_new)\n"
+    (folder / "kv_cache.py").write_text(source + wrapper)
+    return folder, source.count("\n") + 2
 
 
 def test_an_endless_loop_is_named_with_its_function_and_line_in_bounded_time(tmp_path):
@@ -281,7 +279,7 @@ def test_an_endless_loop_is_named_with_its_function_and_line_in_bounded_time(tmp
     assert "<- you are here" in next(row for row in out.splitlines() if "step 2  " in row)
     failure = re.search(r"step 2: gqa_attention did not return within 1 s on (.+) \(kv_cache\.py line (\d+)", out)
     assert failure, out
-    assert "B=1" in failure[1] and int(failure[2]) in (line + 1, line + 2), (failure[0], line)
+    assert "B=1" in failure[1] and int(failure[2]) in (line + 1, line + 2), (failure[0], line)  # the loop
     assert "an endless loop?" in out and "--timeout" in out
     assert "got stuck first" in out  # the steps after it were not left running into the same loop
 
@@ -302,5 +300,5 @@ def test_a_loop_that_swallows_the_interruption_is_ended_and_named_by_the_standal
     assert elapsed < 60, f"took {elapsed:.0f} s"  # about 7 s: 1 s, the backstop's 3 s grace, pytest's start
     assert "running step 2: GQA heads" in out, out
     assert re.search(rf"step 2: gqa_attention did not return within 1 s on .+ \(kv_cache\.py line "
-                     rf"({line + 1}|{line + 2}|{line + 3})\b", out), out
+                     rf"({line}|{line + 1}|{line + 2}|{line + 3}|{line + 4})\b", out), out  # in the loop
     assert "did not stop when interrupted" in out

@@ -294,3 +294,29 @@ def test_one_registry_of_criteria_and_a_rubric_of_points_and_tiers_only(tmp_path
     with pytest.raises(RubricError, match="unknown criteria decoding; no points for decode"):
         load(str(unknown))
     assert [t.value for t in Tier] == TIERS and Tier.HIRE == "Hire" and json.dumps(Tier.WEAK) == '"Weak"'
+
+
+def test_diagnosis_pictures_reach_the_terminal_and_the_markdown_as_png(tmp_path):
+    from rich.console import Console
+
+    from grader import diagnose
+
+    mask = {"case": "B=1, Hkv=4, G=2; step 2", "row": 0, "head": 0, "keys": 7,
+            "yours": [[0, 1, 2, 3, 4, 5, 6]] * 3, "right": [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5], list(range(7))],
+            "empty": [0, 0, 0]}
+    heads = {"case": "B=1; step 1", "yours": [0, 1, 2, 3, 0, 1, 2, 3], "right": [0, 0, 1, 1, 2, 2, 3, 3]}
+    r = graded("alice", "Weak")
+    r["diagnosis"] = {"summary": "recovered: future_keys_visible", "pictures": {"mask": mask, "heads": heads},
+                      "lines": diagnose.picture_lines(mask, "mask") + diagnose.picture_lines(heads, "heads")}
+    console = Console(record=True, width=120)
+    report.print_report(r, console)
+    text = console.export_text()
+    assert "Diagnosis: recovered: future_keys_visible" in text and "#######      #####.." in text
+    assert "yours       0 1 2 3 0 1 2 3" in text
+    path = tmp_path / "out" / "report.md"
+    report.write_markdown(str(path), [r])
+    md = path.read_text()
+    pngs = sorted((tmp_path / "out" / "report-img").glob("*.png"))
+    assert [p.name.split("-")[-1] for p in pngs] == ["heads.png", "mask.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert f"](report-img/{pngs[1].name})" in md and "```text" in md

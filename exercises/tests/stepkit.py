@@ -22,7 +22,13 @@ small ``Backend``.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import math
+import os
+import signal
+import sys
+import threading
+import time
 import tracemalloc
 
 import numpy as np
@@ -55,10 +61,14 @@ def fmt(value) -> str:
 
 @contextlib.contextmanager
 def case(text: str):
-    """Name the configuration being run, so an exception from the learner's code can say which one."""
+    """Name the configuration being run, so an exception from the learner's code can say which one.
+
+    The calls inside run under the per-check timeout (``watch``).
+    """
     _CASES.append(text)
     try:
-        yield
+        with watch(text):
+            yield
     except BaseException:
         if not _FAILED_CASE:
             _FAILED_CASE.append(text)
@@ -69,11 +79,148 @@ def case(text: str):
 
 def reset_case() -> None:
     _FAILED_CASE.clear()
+    if _WATCHES:  # a check left open by an alarm that fired just as it ended
+        _WATCHES.clear()
+        _arm()
 
 
 def failed_case() -> str:
     """The configuration that was running when the current test raised, or ''."""
     return _FAILED_CASE[0] if _FAILED_CASE else (_CASES[-1] if _CASES else "")
+
+
+# --------------------------------------------------------------------------- the per-check timeout
+#
+# One check (the calls into the learner's KVCache, append, gqa_attention or
+# cost functions that a step test makes under one configuration: one ``case``
+# block, or one ``expect_error`` call) may run TIMEOUT_ENV seconds, 10 by
+# default. Two layers, neither needing a package the bundle does not ship:
+#
+# * SIGALRM in this process (signal.setitimer). Its handler raises CheckTimeout
+#   in whatever frame is running, which is the learner's loop, so conftest.py
+#   reads the function, file and line from the exception's traceback the same
+#   way it does for any other exception, and the step ends as an ordinary
+#   plain-words failure naming the configuration; the report is complete and
+#   a plain `python -m pytest tests/test_step3_mask.py` gets it too. A Python
+#   signal handler runs only between bytecodes of the main thread, and only on
+#   POSIX, so it cannot end everything.
+# * faulthandler.dump_traceback_later, the backstop, armed only when the
+#   progress runner names a file in DUMP_ENV: a C watchdog thread that needs no
+#   cooperation from the stuck code. BACKSTOP_GRACE_S after the alarm (a call
+#   stuck inside NumPy or PyTorch, a bare `except:` that swallowed
+#   CheckTimeout, Windows) it writes every thread's stack (file, line and
+#   function of each frame) after the header below, and ends the process;
+#   progress.py reads the file back.
+#
+# progress.py also puts a wall-clock limit on each step's whole pytest run, the
+# last resort: alone, it could name neither the check nor the line.
+
+TIMEOUT_ENV = "KVKIT_CHECK_TIMEOUT"
+DUMP_ENV = "KVKIT_CHECK_DUMP"
+DEFAULT_TIMEOUT_S = 10.0
+BACKSTOP_GRACE_S = 3.0
+
+
+class CheckTimeout(BaseException):
+    """Raised inside the learner's code when one check runs past the timeout.
+
+    A BaseException, so an ``except Exception`` in the learner's loop lets it through.
+    """
+
+    def __init__(self, seconds: float, text: str):
+        super().__init__(f"did not return within {seconds:g} s")
+        self.seconds = seconds
+        self.text = text
+
+
+def check_timeout() -> float:
+    """Seconds one check may run: ``$KVKIT_CHECK_TIMEOUT``, else 10; 0 turns the timeout off."""
+    try:
+        return float(os.environ.get(TIMEOUT_ENV, "") or DEFAULT_TIMEOUT_S)
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+
+
+_WATCHES: list[tuple[str, float, float]] = []  # open checks, innermost last: (configuration, seconds, deadline)
+_ALARM: dict = {}  # "previous": the SIGALRM handler ours replaced while a check is open
+_DUMP: dict = {}   # "file": the backstop's open file
+
+
+def _on_alarm(signum, frame):
+    if _WATCHES:
+        text, seconds, _ = _WATCHES[-1]
+        raise CheckTimeout(seconds, text)
+
+
+def _can_alarm() -> bool:
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+def _warm_up_cuda() -> None:
+    """Start CUDA before a check's clock starts: its first use can take seconds that are not the learner's."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        if torch.cuda.is_available() and not torch.cuda.is_initialized():
+            torch.zeros(1, device="cuda")
+    except Exception:
+        pass
+
+
+def _dump_file():
+    path = os.environ.get(DUMP_ENV)
+    if not path:
+        return None
+    if "file" not in _DUMP:
+        try:
+            _DUMP["file"] = open(path, "w", encoding="utf-8")
+        except OSError:
+            _DUMP["file"] = None
+    return _DUMP["file"]
+
+
+def _arm() -> None:
+    """Point the alarm and the backstop at the innermost open check, or turn both off when none is open."""
+    alarm = _can_alarm()
+    dump = _dump_file()
+    if not _WATCHES:
+        if alarm and "previous" in _ALARM:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # first stop the timer, then give SIGALRM back
+            previous = _ALARM.pop("previous")
+            signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+        if dump is not None:
+            faulthandler.cancel_dump_traceback_later()
+        return
+    text, seconds, deadline = _WATCHES[-1]
+    left = max(deadline - time.monotonic(), 0.001)
+    if alarm:
+        if "previous" not in _ALARM:
+            _ALARM["previous"] = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, left)
+    if dump is not None:
+        dump.seek(0)
+        dump.truncate()
+        dump.write(f"step: {STEP}\nseconds: {seconds:g}\ncheck: {' '.join(text.split())}\n")
+        dump.flush()
+        faulthandler.dump_traceback_later(left + BACKSTOP_GRACE_S, exit=True, file=dump)
+
+
+@contextlib.contextmanager
+def watch(text: str):
+    """Run the block as one check: past ``check_timeout()`` seconds, CheckTimeout is raised inside it."""
+    seconds = check_timeout()
+    if seconds <= 0:
+        yield
+        return
+    _warm_up_cuda()
+    _WATCHES.append((text, seconds, time.monotonic() + seconds))
+    _arm()
+    try:
+        yield
+    finally:
+        _WATCHES.pop()
+        _arm()
 
 
 def expect_error(call, what: str, names, nothing_changed=None):
@@ -85,7 +232,8 @@ def expect_error(call, what: str, names, nothing_changed=None):
     wanted = " or ".join(names)
     problem = None
     try:
-        call()
+        with watch(what):
+            call()
     except (ValueError, TypeError) as exc:
         text = str(exc)
         if not any(name.lower() in text.lower() for name in names):

@@ -658,3 +658,50 @@ def why_unavailable() -> str:
     available()
     assert _probe is not None
     return _probe[1]
+
+
+def remove_groups_of(pids: set, grace_s: float = 1.0) -> None:
+    """Remove the cgroups (``kvkit-<pid>-<n>``) that the processes ``pids`` made, killing whatever is still in
+    them: for a grader stopped part-way (Ctrl-C), whose workers were killed before they could clean up.
+    They sit under this process's own cgroup or a hierarchy's root, as ``create`` puts them."""
+    import re
+
+    v2, v1 = _self_cgroups()
+    parents = []
+    for fstype, root, mount_point, options in _mounts():
+        own = v2 if fstype == "cgroup2" else next((v1[c] for c in ("memory", "pids") if c in options and c in v1),
+                                                  None)
+        parents += _candidates([(mount_point, root)], own)
+    deadline = time.monotonic() + grace_s
+    for parent in dict.fromkeys(parents):
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            match = re.fullmatch(r"kvkit-(\d+)-\d+", name)
+            if not match or int(match[1]) not in pids:
+                continue
+            path = os.path.join(parent, name)
+            while True:
+                for folder, _, _ in os.walk(path):
+                    try:
+                        with open(os.path.join(folder, "cgroup.procs")) as f:
+                            members = [int(x) for x in f.read().split()]
+                    except (OSError, ValueError):
+                        members = []
+                    for pid in members:
+                        if pid != os.getpid():
+                            try:
+                                os.kill(pid, signal.SIGKILL)
+                            except OSError:
+                                pass
+                try:
+                    _rmdir_tree(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:  # EBUSY: its last processes are still exiting
+                    if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY) or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)

@@ -1,0 +1,145 @@
+"""``kvkit grade`` on the classroom notebook handed back (grader/submission.py, docs/notebook.md).
+
+A copy of notebooks/source/kv_cache/kv_cache.ipynb is split by its cells'
+``kvkit`` role into the contract's files: implementation cells into
+``kv_cache.py``, cost cells into ``cost.py``, the port into
+``kv_cache_torch.py`` and the own check into a test file, so every section is
+graded as it would be in a folder. Two gradings (each a few seconds), one module
+fixture each: the solved notebook, and a student's copy with a chunk-local mask.
+The rest reads the laid-out files only.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grader.grade import Options, grade
+from grader.submission import materialize
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "notebooks" / "source" / "kv_cache" / "kv_cache.ipynb"
+
+# The planted mistake: the mask built from the chunk alone (top-left), decode skipping it.
+CHUNK_LOCAL_MASK = '''
+def visible_keys(lens, n_new, T: int, S: int) -> np.ndarray:
+    """Which keys each query slot sees: bool `[B, T, S]`."""
+    lens, n_new = np.asarray(lens), np.asarray(n_new)
+    real = np.arange(T) < n_new[:, None]
+    if T == 1:
+        return (np.arange(S) < lens[:, None])[:, None, :] & real[:, :, None]
+    return np.tril(np.ones((T, S), dtype=bool))[None] & (np.arange(S) < lens[:, None, None]) & real[:, :, None]
+'''
+SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION\n?", re.S | re.M)
+
+
+def _grade_id(cell) -> str:
+    return cell.metadata["nbgrader"]["grade_id"]
+
+
+def _student_copy(answers: dict | None = None, stubs: bool = False):
+    """The notebook as a student hands it back: no hidden tests, no solution markers; ``answers``
+    rewrites answer cells by grade id; ``stubs`` leaves every other answer as nbgrader's stub."""
+    nb = nbformat.read(SOURCE, as_version=4)
+    for cell in nb.cells:
+        meta = cell.metadata["nbgrader"]
+        if meta.get("grade"):
+            cell.source = cell.source.split("### BEGIN HIDDEN TESTS")[0].rstrip()
+        if meta.get("solution"):
+            if _grade_id(cell) in (answers or {}):
+                cell.source = answers[_grade_id(cell)].strip()
+            elif stubs:
+                cell.source = SOLUTION.sub(lambda m: f"{m[1]}# YOUR CODE HERE\n{m[1]}raise NotImplementedError()\n",
+                                           cell.source)
+            else:
+                cell.source = "\n".join(line for line in cell.source.splitlines() if "### " not in line)
+    return nb
+
+
+# One fixture per grading, so that under ``pytest -n`` a worker grades only what its tests read.
+@pytest.fixture(scope="module")
+def solved_report():
+    return grade(str(SOURCE), Options(seed=1))
+
+
+@pytest.fixture(scope="module")
+def chunk_local_report(tmp_path_factory):
+    alice = tmp_path_factory.mktemp("handback") / "alice.ipynb"
+    nbformat.write(_student_copy({"visible_keys": CHUNK_LOCAL_MASK}), alice)
+    return grade(str(alice), Options(seed=1))
+
+
+def test_the_solved_notebook_earns_the_tier_of_its_sections(solved_report):
+    report = solved_report
+    statuses = {c["id"]: c["status"] for c in report["criteria"]}
+    assert report["status"] == "graded" and report["tier"] == "Strong Hire", (report["tier_reason"], statuses)
+    # Graded from the cells that hold them, not "not_attempted" for want of a file.
+    assert statuses["cost_model"] == statuses["own_tests"] == statuses["torch_port"] == "pass", statuses
+    assert report["mistakes"] == [] and report["score"] == report["max_score"]
+
+
+def test_a_chunk_local_mask_is_weak_and_named(chunk_local_report):
+    report = chunk_local_report
+    assert report["tier"] == "Weak", report["tier_reason"]
+    assert "chunk_local_mask" in report["numpy_mistakes"]
+    assert "chunk_local_mask" in report["tier_reason"]
+
+
+# ------------------------------------------------------------ the layout (no grading)
+
+
+def test_the_notebook_is_split_by_role(tmp_path):
+    files = materialize(str(SOURCE), str(tmp_path))
+    assert files == ["cost.py", "kv_cache.py", "kv_cache_torch.py", "test_notebook_check.py"]
+    text = {name: (tmp_path / name).read_text(encoding="utf-8") for name in files}
+    for name, source in text.items():
+        compile(source, name, "exec")  # syntax only: nothing of the submission runs here
+        assert "HIDDEN TESTS" not in source and "matplotlib" not in source, name
+    assert "class KVCache" in text["kv_cache.py"] and "def kv_bytes_per_token" not in text["kv_cache.py"]
+    assert "def kv_bytes_per_token" in text["cost.py"] and "class KVCache" not in text["cost.py"]
+    assert text["kv_cache_torch.py"].rstrip().endswith("KVCache = KVCacheTorch\ngqa_attention = gqa_attention_torch")
+    assert "from kv_cache import *" in text["test_notebook_check.py"]
+    assert "def test_check_against_reference" in text["test_notebook_check.py"]
+
+
+def test_unattempted_sections_are_left_out(tmp_path):
+    """A blank student copy hands back its stubbed implementation only: cost, port and own tests are not attempted."""
+    path = tmp_path / "blank.ipynb"
+    nbformat.write(_student_copy(stubs=True), path)
+    work = tmp_path / "work"
+    work.mkdir()
+    assert materialize(str(path), str(work)) == ["kv_cache.py"]
+
+
+def test_a_notebook_without_roles_is_one_kv_cache(tmp_path):
+    nb = _student_copy()
+    for cell in nb.cells:
+        cell.metadata.pop("kvkit", None)
+    path = tmp_path / "own.ipynb"
+    nbformat.write(nb, path)
+    work = tmp_path / "work"
+    work.mkdir()
+    assert materialize(str(path), str(work)) == ["kv_cache.py"]
+    source = (work / "kv_cache.py").read_text(encoding="utf-8")
+    assert "def kv_bytes_per_token" in source and "class KVCacheTorch" in source
+
+
+def test_a_kit_helper_the_own_tests_import_is_copied_in_but_not_graded(tmp_path):
+    """catalogue.mutants ships with the starter bundle; the sandbox sees it only as a file of the submission."""
+    import catalogue.mutants
+
+    planting = ("from catalogue.mutants import plant\n\n\ndef test_my_check_catches_a_chunk_local_mask():\n"
+                "    import pytest\n\n    with pytest.raises(AssertionError):\n"
+                "        check_against_reference(*plant('chunk_local_mask', KVCache, gqa_attention))")
+    nb = _student_copy()
+    (run,) = [c for c in nb.cells if _grade_id(c) == "own_check_run"]
+    run.source += "\n\n\n" + planting
+    path = tmp_path / "bob.ipynb"
+    nbformat.write(nb, path)
+    work = tmp_path / "work"
+    work.mkdir()
+    files = materialize(str(path), str(work))
+    assert "catalogue/mutants.py" not in files and "test_notebook_check.py" in files
+    assert (work / "catalogue" / "mutants.py").read_bytes() == Path(catalogue.mutants.__file__).read_bytes()
