@@ -31,7 +31,7 @@ EXERCISES = KIT / "exercises"
 # What goes in, relative to the exercises directory (tests/*.py are added to it).
 TOP_FILES = ["README.md", "kv_cache.py", "kv_cache_torch.py", "cost.py", "test_mine.py", "steps.toml", "pytest.ini"]
 STUBS = ["kv_cache.py", "kv_cache_torch.py", "cost.py", "test_mine.py"]
-CATALOGUE_FILES = ["mutants.py", "mistakes.toml"]
+CATALOGUE_FILES = ["mutants.py", "structure.py", "mistakes.toml"]
 # Never bundled, and checked against: no bundled file may share a non-trivial line with them.
 PRIVATE_DIRS = ["solutions", "grader"]
 BUNDLED_PACKAGES = ["numpy", "pytest", "rich", "torch"]

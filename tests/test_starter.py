@@ -27,7 +27,7 @@ KIT = Path(__file__).resolve().parent.parent
 
 EXPECTED = {
     "README.md", "requirements.txt", "kv_cache.py", "kv_cache_torch.py", "cost.py", "test_mine.py", "steps.toml",
-    "pytest.ini", "progress.py", "catalogue/mutants.py", "catalogue/mistakes.toml",
+    "pytest.ini", "progress.py", "catalogue/mutants.py", "catalogue/structure.py", "catalogue/mistakes.toml",
     "tests/adapters.py", "tests/conftest.py", "tests/stepkit.py", "tests/opwatch.py",
     "tests/test_step1_cache.py", "tests/test_step2_heads.py", "tests/test_step3_mask.py",
     "tests/test_step4_ragged.py", "tests/test_step5_cost.py", "tests/test_step6_torch.py",

@@ -230,6 +230,9 @@ def test_step_3_message_says_which_keys_the_query_saw(tmp_path):
     failure = run(3, tmp_path).failure
     assert "query 0 of the chunk (absolute position 4) saw keys 0..0 but should see keys 0..4" in failure, failure
     assert "n_new=[3]" in failure and "T=3" in failure and "lens after it=[7]" in failure, failure
+    # The picture: each query of the chunk, the keys it saw (top-left) beside the keys it should see.
+    assert "keys seen by each query of this call (row 0, query head 0)" in failure, failure
+    assert "#......      #####.." in failure and "###....      #######" in failure, failure
 
 
 # Small PyTorch ports, each right in its answers but making one mistake step 6 must see.

@@ -805,9 +805,41 @@ def run_windows(be, label: str, Hkv: int, G: int, calls, d: int = 4, max_len: in
                     seen_text = "no key" if seen == "none" else (
                         f"keys {seen[0]}..{seen[1]}" if isinstance(seen, tuple) else seen)
                     why = explain_window(seen, pos, t, lens[b], n_new[b], T, S)
+                    picture = mask_picture(got, b, h, starts[b], n_new[b], lens[b])
                     fail(f"{setup}: {who}{row}{head_text} (absolute position {pos}) saw {seen_text} but should see "
-                         f"keys 0..{pos}" + (f": {why}" if why else "."))
+                         f"keys 0..{pos}" + (f": {why}" if why else ".") + picture)
     return cache
+
+
+def mask_picture(got, b: int, h: int, start: int, n: int, live: int) -> str:
+    """Every query of row ``b``, head ``h`` in this call: the keys it saw beside the keys it should see,
+    drawn by the catalogue's ``structure.grid`` (``#`` seen, ``.`` not); "" when the catalogue is absent."""
+    import importlib.util
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent.parent  # the exercises (or the starter bundle's) folder
+    path = next((p for p in (here / "catalogue" / "structure.py", here.parent / "catalogue" / "structure.py")
+                 if p.is_file()), None)
+    if path is None:  # the installed kit's
+        try:
+            spec = importlib.util.find_spec("catalogue.structure")
+        except (ImportError, ValueError):
+            spec = None
+        path = Path(spec.origin) if spec is not None and spec.origin else None
+    if path is None:
+        return ""
+    if "_kvkit_structure" not in sys.modules:  # registered first: its dataclass looks itself up there
+        found = importlib.util.spec_from_file_location("_kvkit_structure", path)
+        sys.modules["_kvkit_structure"] = importlib.util.module_from_spec(found)
+        found.loader.exec_module(sys.modules["_kvkit_structure"])
+    structure = sys.modules["_kvkit_structure"]
+    yours = []
+    for t in range(n):
+        seen = decode_window(got[b, h, t])
+        yours.append(set(range(seen[0], seen[1] + 1)) if isinstance(seen, tuple) else set())
+    right = [set(range(start + t + 1)) for t in range(n)]
+    lines = structure.grid(yours, right, live)
+    return "\n\nkeys seen by each query of this call (row %d, query head %d):\n%s" % (b, h, "\n".join(lines))
 
 
 def run_padding_random(be, label: str, dtype=None, seed: int = 3):
