@@ -286,6 +286,19 @@ def _evaluate(name, options, level, started, plan, sessions, answer, comparison,
                         diagnose.smallest_failing(comparison), diagnosis)
 
 
+def _scaled_points(points: dict, total: float) -> dict:
+    """``points`` scaled to add up to ``total``, in hundredths that add up exactly (largest remainder)."""
+    counted = sum(points.values())
+    if not counted:
+        return {cid: 0.0 for cid in points}
+    exact = {cid: p * total * 100 / counted for cid, p in points.items()}
+    cents = {cid: int(e) for cid, e in exact.items()}
+    left = round(total * 100) - sum(cents.values())
+    for cid in sorted(exact, key=lambda c: exact[c] - cents[c], reverse=True)[:max(left, 0)]:
+        cents[cid] += 1
+    return {cid: c / 100 for cid, c in cents.items()}
+
+
 def follow_ups(criteria: dict, named: list, mistakes_doc: dict, general: list, count: int = 3) -> list[dict]:
     """Questions chosen from the diagnosis: one per named mistake, the chunked-prefill question after a
     refusal of chunked prefill, then general questions about parts that did not pass (or about none)."""
@@ -324,19 +337,21 @@ def build_report(name, options, criteria, named, port_named, notes, level, start
     statuses = {cid: c.status for cid, c in criteria.items()}
     tier, reason = rubric.tier(statuses, sorted(named), sorted(port_named),
                                {cid: c.evidence for cid, c in criteria.items()})
-    crit_list, earned, counted = [], 0.0, 0.0
+    # An optional section (tier "none") not attempted counts neither for nor against: its points leave
+    # the total, and the other criteria's points are scaled so the total stays max_score.
+    optional_out = {cid for cid, spec in rubric.criteria.items() if spec["tier"] == "none"
+                    and (criteria.get(cid) and criteria[cid].status == "not_attempted")}
+    worth = _scaled_points({cid: 0.0 if cid in optional_out else float(spec["points"])
+                            for cid, spec in rubric.criteria.items()}, rubric.max_score)
+    crit_list = []
     for cid, spec in rubric.criteria.items():
         c = criteria.get(cid) or criteria_mod.Criterion(cid, "error", "not measured")
-        points = float(spec["points"]) if c.status == "pass" else 0.0
-        # An optional section (tier "none") not attempted counts neither for nor against.
-        counts = not (spec["tier"] == "none" and c.status == "not_attempted")
-        earned += points
-        counted += float(spec["points"]) if counts else 0.0
-        crit_list.append({"id": cid, "title": rubric.title(cid), "status": c.status, "points": points,
-                          "max_points": float(spec["points"]), "evidence": c.evidence, "mistakes": list(c.mistakes),
+        crit_list.append({"id": cid, "title": rubric.title(cid), "status": c.status,
+                          "points": worth[cid] if c.status == "pass" else 0.0, "max_points": worth[cid],
+                          "evidence": c.evidence, "mistakes": list(c.mistakes),
                           "section": "torch" if cid == "torch_port" else "numpy", "tier": spec["tier"],
-                          "counted": counts})
-    score = earned * rubric.max_score / counted if counted else 0.0
+                          "counted": cid not in optional_out})
+    score = round(sum(c["points"] for c in crit_list), 2)
     all_named = sorted(set(named) | set(port_named))
     return {
         "schema": SCHEMA, "submission": name, "seed": options.seed, "status": "graded", "graded": True,

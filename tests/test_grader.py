@@ -20,7 +20,7 @@ with open(os.path.join(EXAMPLES, "expected.toml"), "rb") as f:
     EXPECTED = tomllib.load(f)
 with open(os.path.join(ROOT, "docs", "report.schema.json")) as f:
     REPORT_SCHEMA = json.load(f)
-SEED = 11
+SEED = 11  # the seed tests/conftest.py grades the examples with
 
 
 def kvkit(*args, timeout=600):
@@ -28,26 +28,16 @@ def kvkit(*args, timeout=600):
                           timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def example_reports(tmp_path_factory):
-    """Every bundled example graded once, through the real command (`kvkit grade` with no SUBMISSION)."""
-    out = tmp_path_factory.mktemp("reports")
-    done = kvkit("--seed", str(SEED), "--jobs", "2", "--quiet", "--trials", "60", "--json", str(out / "all.json"),
-                 "--markdown", str(out / "all.md"))
-    assert done.returncode == 0, done.stderr[-2000:]
-    with open(out / "all.json") as f:
-        reports = json.load(f)
-    return {r["submission"]: r for r in reports}, (out / "all.md").read_text()
-
-
 def test_no_argument_grades_every_bundled_example(example_reports):
-    reports, _ = example_reports
+    reports, _, tmp = example_reports
     assert sorted(reports) == sorted(EXPECTED)
+    # Nothing of the grading is left in the temp folder: no job, submission or probe-data folder.
+    assert not [name for name in os.listdir(tmp) if name.startswith("kvkit-")], os.listdir(tmp)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_example_gets_its_tier_and_exactly_its_mistakes(example_reports, name):
-    reports, _ = example_reports
+    reports, _, _ = example_reports
     report = reports[name]
     expected = EXPECTED[name]
     assert report["tier"] == expected["tier"], (report["tier_reason"], report["mistakes"])
@@ -56,19 +46,18 @@ def test_example_gets_its_tier_and_exactly_its_mistakes(example_reports, name):
 
 
 def test_reports_follow_the_stable_schema(example_reports):
-    reports, markdown = example_reports
+    reports, markdown, _ = example_reports
     for report in reports.values():
         jsonschema.validate(report, REPORT_SCHEMA)
         assert report["seed"] == SEED
-        counted = sum(c["max_points"] for c in report["criteria"] if c.get("counted", True))
-        earned = sum(c["points"] for c in report["criteria"])
-        assert report["score"] == pytest.approx(earned * report["max_score"] / counted, abs=0.01)
+        assert report["score"] == pytest.approx(sum(c["points"] for c in report["criteria"]), abs=0.01)
+        assert sum(c["max_points"] for c in report["criteria"]) == pytest.approx(report["max_score"], abs=0.1)
         assert report["duration_s"] < 180  # a sanity bound on a shared machine; kvkit bench measures speed
     assert "| strong\\_hire | Strong Hire |" in markdown
 
 
 def test_mistake_reports_carry_follow_up_questions(example_reports):
-    reports, _ = example_reports
+    reports, _, _ = example_reports
     questions = {q["mistake"] for q in reports["chunk_local_mask"]["follow_ups"]}
     assert "chunk_local_mask" in questions
     assert reports["chunk_local_mask"]["smallest_failing"] and "chunked prefill" in \
@@ -76,7 +65,7 @@ def test_mistake_reports_carry_follow_up_questions(example_reports):
 
 
 def test_strong_hire_kill_matrix_and_hire_example_without_tests(example_reports):
-    reports, _ = example_reports
+    reports, _, _ = example_reports
     own = {c["id"]: c for c in reports["strong_hire"]["criteria"]}["own_tests"]
     assert own["status"] == "pass" and "chunk_local_mask" in own["evidence"]
     basic = {c["id"]: c for c in reports["hire_basic"]["criteria"]}
@@ -87,7 +76,7 @@ def test_no_hidden_value_is_printed(example_reports):
     """Evidence names configurations and error sizes (2 significant digits), never an input or output value."""
     import re
 
-    reports, _ = example_reports
+    reports, _, _ = example_reports
     for report in reports.values():
         report = dict(report, duration_s=0)
         long_numbers = re.findall(r"-?\d+\.\d{4,}", json.dumps(report))
@@ -97,9 +86,13 @@ def test_no_hidden_value_is_printed(example_reports):
 MEASURED = {"live_length", "no_kv_repeat", "preallocated_in_place", "torch_port"}
 
 
-def test_same_seed_same_report_but_timings(tmp_path):
-    sub = os.path.join(EXAMPLES, "chunk_local_mask")
-    a, b = (grade(sub, Options(seed=5, trials=60)) for _ in range(2))
+def test_same_seed_same_report_but_timings(example_reports, tmp_path):
+    """Grading again with the seed and trials of the examples run gives the same report."""
+    reports, _, _ = example_reports
+    done = kvkit(os.path.join(EXAMPLES, "chunk_local_mask"), "--seed", str(SEED), "--trials", "60", "--quiet",
+                 "--json", str(tmp_path / "again.json"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    again = json.loads((tmp_path / "again.json").read_text())[0]
 
     def strip(report):
         report = json.loads(json.dumps(report))
@@ -109,9 +102,7 @@ def test_same_seed_same_report_but_timings(tmp_path):
                 c.pop("evidence")
         return report
 
-    assert strip(a) == strip(b)
-    c = grade(sub, Options(seed=6, trials=60))
-    assert c["seed"] == 6 and c["tier"] == a["tier"]
+    assert strip(again) == strip(reports["chunk_local_mask"])
 
 
 def test_gradescope_results_follow_gradescope_format(tmp_path):
@@ -122,7 +113,7 @@ def test_gradescope_results_follow_gradescope_format(tmp_path):
     assert set(results) >= {"score", "max_score", "tests"}
     assert results["tests"] and all(set(t) >= {"name", "score", "max_score", "output", "visibility"}
                                     for t in results["tests"])
-    assert results["score"] == sum(t["score"] for t in results["tests"])
+    assert results["score"] == pytest.approx(sum(t["score"] for t in results["tests"]), abs=0.01)
     padding = next(t for t in results["tests"] if "Padded" in t["name"])
     assert padding["score"] == 0 and "nan_padding" in padding["output"]
 

@@ -206,7 +206,8 @@ def built(crits: dict, named=None, port_named=None) -> dict:
 
 def test_an_optional_section_not_attempted_counts_neither_for_nor_against():
     perfect_without_port = built(decided({"torch_port": ("not_attempted", "no kv_cache_torch.py")}))
-    assert perfect_without_port["tier"] == "Strong Hire" and perfect_without_port["score"] == RUBRIC.max_score
+    assert perfect_without_port["tier"] == "Strong Hire"
+    assert perfect_without_port["score"] == pytest.approx(RUBRIC.max_score, abs=0.1)
     capped = built(decided({"torch_port": ("fail", "port mistakes: kv_repeat")}), port_named={"kv_repeat": "peak"})
     assert capped["tier"] == "Hire" and capped["score"] < perfect_without_port["score"]
     # A Strong Hire criterion not attempted (own tests) still counts against.

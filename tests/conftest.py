@@ -1,0 +1,42 @@
+"""Fixtures shared by the end-to-end tests.
+
+``example_reports``: every bundled example graded once through the real command
+(``kvkit grade`` with no SUBMISSION), shared by all pytest-xdist workers. The
+first worker to ask grades (under a file lock) and writes the reports; the
+others wait on the lock and read them (pytest-xdist's documented pattern for a
+session fixture that must run once).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES_SEED = 11
+
+
+@pytest.fixture(scope="session")
+def example_reports(tmp_path_factory):
+    """``(reports by submission name, Markdown text, the temp folder the grader used)``."""
+    shared = tmp_path_factory.getbasetemp().parent  # one folder for every xdist worker of this run
+    out = shared / "example-reports"
+    with open(shared / "example-reports.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "all.json").exists():
+            tmp = out / "tmp"
+            tmp.mkdir(parents=True, exist_ok=True)
+            env = dict(os.environ, TMPDIR=str(tmp))  # what the grader leaves there is checked
+            done = subprocess.run([sys.executable, "-m", "grader", "--seed", str(EXAMPLES_SEED), "--jobs", "2",
+                                   "--quiet", "--trials", "60", "--json", str(out / "all.json"),
+                                   "--markdown", str(out / "all.md")],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+            (out / "stderr.txt").write_text(done.stderr)
+            assert done.returncode == 0, done.stderr[-2000:]
+    with open(out / "all.json") as f:
+        reports = json.load(f)
+    return {r["submission"]: r for r in reports}, (out / "all.md").read_text(), out / "tmp"
