@@ -89,3 +89,19 @@ def test_each_example_behaves_as_its_entry_says(example):
         elif name in ("decode", "full_prefill", "head_mapping", "preallocated_in_place", "overflow_atomic", "padding") \
                 or not mistakes:
             assert result.passed, f"{example}: {name} should pass: {result.message}"
+
+
+def test_every_place_that_lists_mistake_ids_takes_them_from_the_catalogue():
+    """The report schema's enum, the rubric's weak mistakes, the planted mutants and the structure
+    patterns name only catalogue ids (mistakes.toml is where a mistake is defined)."""
+    import json
+
+    from catalogue import structure
+
+    with open(os.path.join(ROOT, "docs", "report.schema.json")) as f:
+        schema = json.load(f)
+    assert schema["properties"]["mistakes"]["items"]["enum"] == list(MISTAKES)
+    assert set(grader_rubric.load().weak_mistakes) <= set(MISTAKES)
+    assert set(mutants.PLANTED) | set(mutants.VARIANTS) <= set(MISTAKES)
+    patterns = set(structure.MASKS) | set(structure.HEAD_MAPS) | set(structure.LAYOUTS)
+    assert {structure.mistake_of(p) for p in patterns} - {"right"} <= set(MISTAKES)
