@@ -180,3 +180,20 @@ def test_unreadable_submission_is_reported_not_graded(tmp_path):
     odd.write_text("def f(): pass\n")
     report = grade(str(odd), Options(seed=2))
     assert report["graded"] is False and report["score"] == 0 and "a .zip of one" in report["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [101, 202, 303, 404])
+def test_verdicts_do_not_change_with_the_seed(seed, tmp_path):
+    """Every example under other seeds (with the examples run's, five): the same tier and mistakes.
+    Slow (the whole set graded with 200 trials per seed): `make test-all`."""
+    out = tmp_path / "reports.json"
+    done = kvkit("--seed", str(seed), "--jobs", "2", "--quiet", "--json", str(out), timeout=1800)
+    assert done.returncode == 0, done.stderr[-2000:]
+    changed = {}
+    for report in json.loads(out.read_text()):
+        want = EXPECTED[report["submission"]]
+        got = (report["tier"], sorted(report["mistakes"]), sorted(report["port_mistakes"]))
+        if got != (want["tier"], sorted(want["mistakes"]), sorted(want.get("port_mistakes", []))):
+            changed[report["submission"]] = (got, report["tier_reason"])
+    assert not changed, changed
