@@ -10,8 +10,9 @@ Nothing is guessed from source. Thresholds, with their reasons:
 * ``kv_repeat``: a decode step's process peaks at 1 + max(1.5, 0.4 G) times
   the live K/V or more (a repeat of K alone adds G/2, of K and V G; an honest
   upcast or contiguous copy of K and V adds at most about 1).
-* ``max_len_scan``: the same decode steps take at least 2x the CPU time in an
-  8x larger reservation (a scan of it is 4x to 8x; honest code 0.9x to 1.3x).
+* ``max_len_scan``: the same decode steps take at least 3x the CPU time in an
+  8x larger reservation (a scan of it is 4x to 8x; honest code 0.8x to 1.3x,
+  and up to 2.2x was seen on a loaded 2-core machine).
 
 Memory and CPU figures are the kernel's, taken from outside the submission's
 process (``grader.sandbox.launch``).
@@ -29,7 +30,7 @@ REPEAT_MIN_EXTRA = 1.5  # ... and never below 1.5x the live K/V (an honest copy 
 GROWTH_FRACTION = 0.5  # extra peak of the appends, in live K/V, that names growth by copying
 PREFILL_LIMIT = 2.5  # peak of one prefill, in live K/V: the cache, one temporary copy of the input, and slack
 GROWTH_COPIES = 50.0  # CPU time of the 300 appends, in copies of the live K/V, that names it too (one in six)
-SCAN_RATIO = 2.0
+SCAN_RATIO = 3.0  # see the module docstring: between an honest 2.2x under load and a scan's 4x
 PROBE_TOLERANCE = 1e-4  # float32 probe outputs against the float64 computation
 
 
@@ -320,10 +321,27 @@ def overflow(probe) -> Criterion:
                      "and leaves lens and every row's live tokens unchanged (first and last row tried)", notes=notes)
 
 
-def overflow_from_trials(comparison: Comparison) -> Criterion:
+def _same_as_twin(step: StepVerdict, outputs_by_trial: dict | None) -> bool:
+    """Whether the decode after a failed append gave exactly what the same decode gave in the trial's twin
+    (the same calls without that append): then the append changed nothing, whatever else is wrong."""
+    from grader.suite import TWIN
+
+    if not outputs_by_trial or step.status != "wrong":
+        return False
+    got = (outputs_by_trial.get(step.trial.name) or [None] * (step.index + 1))[step.index]
+    twin = outputs_by_trial.get(step.trial.name + TWIN) or []
+    twin_index = step.index - sum(1 for s in step.trial.steps[:step.index] if s.overflow)
+    other = twin[twin_index] if twin_index < len(twin) else None
+    return got is not None and other is not None and got.shape == other.shape and \
+        bool(np.allclose(got, other, rtol=1e-12, atol=1e-12, equal_nan=True))
+
+
+def overflow_from_trials(comparison: Comparison, outputs_by_trial: dict | None = None) -> Criterion:
     """Appends past ``max_len`` in the hidden trials: each must raise ValueError, and the decode step after
     it must give the output of a cache the failed append did not touch (``lens`` and live tokens).
 
+    That output is the oracle's; or, when the decode is wrong anyway, the submission's own output on the
+    trial's twin (the same calls without the failed append): a decode bug is not an overflow bug.
     Decided from outputs compared here; what the child says about the error only explains.
     """
     cid = "overflow_atomic"
@@ -333,7 +351,7 @@ def overflow_from_trials(comparison: Comparison) -> Criterion:
     bad = next((s for s in over if s.status not in ("ok", "not_run")), None)
     if bad is not None:
         return Criterion(cid, "fail", f"{_where(bad)}: {bad.detail}")
-    wrong = first_failure([s for s in after if s.status != "not_run"])
+    wrong = first_failure([s for s in after if s.status != "not_run" and not _same_as_twin(s, outputs_by_trial)])
     if wrong is not None:
         moved = _lens_moved(wrong)
         if moved:
@@ -342,8 +360,11 @@ def overflow_from_trials(comparison: Comparison) -> Criterion:
         how = "raises" if wrong.status == "raised" else "gives the wrong output"
         return Criterion(cid, "fail", f"after an append past max_len raised, {_where(wrong)} {how}: the failed "
                          f"append changed the cache's state (lens or live tokens)")
+    twins = [s for s in after if _same_as_twin(s, outputs_by_trial)]
     return Criterion(cid, "pass", f"{len(over)} appends past max_len (first and last row overflowing) raise "
-                     "ValueError, and the decode step after each matches a cache they did not touch")
+                     "ValueError, and the decode step after each matches a cache they did not touch"
+                     + (" (the same decode without the failed append: the decode itself is wrong, see Decode)"
+                        if twins else ""))
 
 
 def _lens_moved(step: StepVerdict) -> str:

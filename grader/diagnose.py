@@ -42,6 +42,7 @@ class Diagnosis:
     named: dict = field(default_factory=dict)
     mask: dict | None = None  # {"case", "row", "head", "keys", "yours", "right", "empty"}
     heads: dict | None = None  # {"case", "yours", "right"}
+    wrong_outputs: bool = False  # some hidden step returned a wrong output (not only raised or refused)
     wrong_queries: int = 0
     unexplained: int = 0  # wrong queries that show no known pattern (or could not be decoded)
 

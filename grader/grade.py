@@ -87,9 +87,11 @@ def _name_mistakes(criteria: dict, comparison, outputs_by_trial) -> tuple[dict, 
     for crit in criteria.values():
         for m in crit.mistakes:
             named.setdefault(m, crit.evidence)
-    diagnosis = diagnose.Diagnosis()
+    diagnosis = diagnose.Diagnosis(wrong_outputs=any(s.status == "wrong" for s in comparison.steps
+                                                     if s.kind != "structure"))
     if any(criteria[c].status == "fail" for c in CORRECTNESS if c in criteria):
         diagnosis = diagnose.recover(comparison, outputs_by_trial)
+        diagnosis.wrong_outputs = any(s.status == "wrong" for s in comparison.steps if s.kind != "structure")
         named.update(diagnosis.named)
         named.update(diagnose.match_mutants(comparison, outputs_by_trial))
     # A refusal of chunked prefill with a clear error names no chunked-prefill mistake.
@@ -158,7 +160,7 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
     crits = _correctness_criteria(comparison, _outputs_by_trial(trials, outputs))
     named, _ = _name_mistakes(crits, comparison, _outputs_by_trial(trials, outputs))
     measured = _measured_criteria(_probe_runs(session, "torch", plan), [], decode_ok=crits["decode"].status == "pass")
-    overflow = criteria_mod.overflow_from_trials(comparison)
+    overflow = criteria_mod.overflow_from_trials(comparison, _outputs_by_trial(trials, outputs))
     notes = []
     for crit in [*measured.values(), overflow]:
         named.update({m: crit.evidence for m in crit.mistakes})
@@ -265,7 +267,7 @@ def _evaluate(name, options, level, started, plan, sessions, answer, comparison,
                "hidden trials"] if moved else []
     criteria.update(_measured_criteria(_probe_runs(session, "numpy", plan), explain,
                                        decode_ok=criteria["decode"].status == "pass"))
-    criteria["overflow_atomic"] = criteria_mod.overflow_from_trials(comparison)
+    criteria["overflow_atomic"] = criteria_mod.overflow_from_trials(comparison, by_trial)
     criteria["cost_model"] = criteria_mod.cost_model(answer.get("cost") if "cost.py" in files else None,
                                                      expected_costs())
     named, diagnosis = _name_mistakes(criteria, comparison, by_trial)
@@ -302,25 +304,27 @@ def _scaled_points(points: dict, total: float) -> dict:
 def follow_ups(criteria: dict, named: list, mistakes_doc: dict, general: list, count: int = 3) -> list[dict]:
     """Questions chosen from the diagnosis: one per named mistake, the chunked-prefill question after a
     refusal of chunked prefill, then general questions about parts that did not pass (or about none)."""
-    chosen = list(named)
-    if criteria.get("chunked_prefill") and criteria["chunked_prefill"].status == "not_attempted":
-        chosen.append("chunk_local_mask")  # what the refused call must do
     out = [{"mistake": m, "question": mistakes_doc[m]["question"], "answer": mistakes_doc[m]["answer"]}
-           for m in dict.fromkeys(chosen) if m in mistakes_doc]
+           for m in dict.fromkeys(named) if m in mistakes_doc]
+    if criteria.get("chunked_prefill") and criteria["chunked_prefill"].status == "not_attempted" \
+            and "chunk_local_mask" not in named:
+        # What the refused call must do: the chunked-prefill question, about no mistake of theirs.
+        q = mistakes_doc["chunk_local_mask"]
+        out.append({"mistake": None, "about": "chunked_prefill", "question": q["question"], "answer": q["answer"]})
     for q in general:
         if len(out) >= count:
             break
         about = q.get("criterion")
         if about is None or (about in criteria and criteria[about].status != "pass"):
-            out.append({"mistake": None, "question": q["question"], "answer": q["answer"]})
+            out.append({"mistake": None, "about": about, "question": q["question"], "answer": q["answer"]})
     return out
 
 
 def _diagnosis_entry(criteria: dict, named: dict, diagnosis) -> dict | None:
     """The report's ``diagnosis``: what the wrong outputs show, in words and pictures."""
     wrong = [c for c in CORRECTNESS if c in criteria and criteria[c].status == "fail"]
-    if not wrong:
-        return None
+    if not wrong or not (diagnosis and diagnosis.wrong_outputs):
+        return None  # nothing failed, or only by raising or refusing: the criteria say so
     pictures = diagnosis.pictures() if diagnosis else {}
     mistakes_doc, _ = load_catalogue()
     shown = sorted(m for m in named if mistakes_doc.get(m, {}).get("shown_by") in ("structure", "reproduction"))
@@ -335,8 +339,11 @@ def build_report(name, options, criteria, named, port_named, notes, level, start
     rubric = options.rubric
     mistakes_doc, general = load_catalogue()
     statuses = {cid: c.status for cid, c in criteria.items()}
-    tier, reason = rubric.tier(statuses, sorted(named), sorted(port_named),
-                               {cid: c.evidence for cid, c in criteria.items()})
+    # A port mistake caps the tier, except one whose criterion is worth points only (tier "none", e.g.
+    # max_len_scan): the NumPy section reports it without a cap, and so does the port.
+    capping = sorted(m for m in port_named
+                     if rubric.criteria.get(mistakes_doc.get(m, {}).get("criterion"), {}).get("tier") != "none")
+    tier, reason = rubric.tier(statuses, sorted(named), capping, {cid: c.evidence for cid, c in criteria.items()})
     # An optional section (tier "none") not attempted counts neither for nor against: its points leave
     # the total, and the other criteria's points are scaled so the total stays max_score.
     optional_out = {cid for cid, spec in rubric.criteria.items() if spec["tier"] == "none"
@@ -360,7 +367,7 @@ def build_report(name, options, criteria, named, port_named, notes, level, start
         "mistakes": all_named,
         "mistake_evidence": {m: named.get(m) or port_named.get(m) for m in all_named},
         "numpy_mistakes": sorted(named), "port_mistakes": sorted(port_named),
-        "port_cap": rubric.port_mistake_cap if port_named else None,
+        "port_cap": rubric.port_mistake_cap if capping else None,
         "smallest_failing": smallest, "notes": notes,
         "diagnosis": _diagnosis_entry(criteria, named, diagnosis),
         "follow_ups": follow_ups(criteria, all_named, mistakes_doc, general),

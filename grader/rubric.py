@@ -92,6 +92,8 @@ class Rubric:
                 if statuses.get(c) == "error":
                     why = str(evidence.get(c) or "no evidence")[:160]
                     text += f" (the check errored: {why})"
+                elif statuses.get(c) == "not_attempted":
+                    text += " (not attempted)"
                 parts.append(text)
             return "; ".join(parts)
         if missing_hire:
@@ -100,12 +102,13 @@ class Rubric:
                           if spec["tier"] == "Strong Hire" and statuses.get(c) != "pass"]
         tier, reason = ("Hire", f"not Strong Hire: not passed: {title(missing_strong)}") if missing_strong \
             else ("Strong Hire", "every Hire and Strong Hire criterion passes")
-        if port_mistakes:
-            cap = f"port: {', '.join(port_mistakes)} (caps the tier at {self.port_mistake_cap})"
+        capping = list(port_mistakes)  # the caller leaves out mistakes that only cost time (see grade.build_report)
+        if capping:
+            cap = f"port: {', '.join(capping)} (caps the tier at {self.port_mistake_cap})"
             if TIERS.index(tier) > TIERS.index(self.port_mistake_cap):
                 tier, reason = self.port_mistake_cap, f"capped by the PyTorch port: {cap}"
             else:
-                reason += f"; {cap}"
+                reason += f"; {cap[:-1]}; the verdict is {tier} already)"
         return tier, reason
 
 

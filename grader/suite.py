@@ -174,6 +174,9 @@ def targeted_trials(seed: int) -> list[Trial]:
     return t
 
 
+TWIN = "-twin"  # the name suffix of an overflow trial's twin
+
+
 def overflow_trials(seed: int) -> list[Trial]:
     """Appends past ``max_len`` inside trials, each followed by a decode step.
 
@@ -194,7 +197,11 @@ def overflow_trials(seed: int) -> list[Trial]:
         step.overflow = True
         trial.steps.append(step)
         trial.steps.append(_step(rng, 2, 2, 2, 4, [1, 1], 1, "float64"))
-        trials.append(trial)
+        # Its twin: the same calls without the failed append. The decode after a failed append must give
+        # what the twin's decode gives, right or wrong: so a decode bug is never taken for an overflow one.
+        twin = Trial(f"{name}{TWIN}", "targeted", 2, 2, 2, 4, 8, "float64",
+                     [s for s in trial.steps if not s.overflow])
+        trials += [trial, twin]
     return trials
 
 

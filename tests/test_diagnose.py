@@ -129,3 +129,14 @@ def test_head_mapping_errors_rather_than_fails_when_no_head_value_comes_back():
     comparison, outputs = run(*mutants.plant("modulo_head_mapping", ref.KVCache, ref.gqa_attention), trials)
     result = criteria.head_mapping(comparison, outputs)
     assert result.status == "fail" and "returns v of KV head" in result.evidence
+
+
+def test_a_decode_bug_is_not_taken_for_an_overflow_bug():
+    """The decode after a failed append is judged against the same decode without that append."""
+    trials = suite.overflow_trials(1)
+    comparison, outputs = run(*mutants.plant("modulo_head_mapping", ref.KVCache, ref.gqa_attention), trials)
+    assert any(s.status == "wrong" for s in comparison.of_kind("after_overflow"))
+    assert criteria.overflow_from_trials(comparison, outputs).status == "pass"
+    comparison, outputs = run(*mutants.plant("length_before_write", ref.KVCache, ref.gqa_attention), trials)
+    result = criteria.overflow_from_trials(comparison, outputs)
+    assert result.status == "fail" and result.mistakes == ["length_before_write"]

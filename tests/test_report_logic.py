@@ -236,7 +236,9 @@ def test_follow_ups_follow_the_diagnosis():
     assert port_q not in asked(built(decided()))  # the port passed: no port question
     assert port_q in asked(built(decided({"torch_port": ("not_attempted", "none")})))
     refused = built(decided({"chunked_prefill": ("not_attempted", "refused with a clear error")}))
-    assert refused["follow_ups"][0]["mistake"] == "chunk_local_mask"  # what the refused call must do
+    first = refused["follow_ups"][0]  # what the refused call must do, tagged with no mistake of theirs
+    assert first["mistake"] is None and first["about"] == "chunked_prefill"
+    assert "bottom-right" in first["answer"]
     named = built(decided({"decode": ("fail", "wrong")}), named={"missing_scale": "reproduced"})
     assert named["follow_ups"][0]["mistake"] == "missing_scale"
 
