@@ -43,6 +43,7 @@ class Criterion:
     evidence: str
     mistakes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    caps: str = ""  # the port only: why it caps the tier though no mistake is named (it could not be measured)
 
 
 def _where(step: StepVerdict) -> str:

@@ -30,8 +30,10 @@ from grader.suite import Trial
 from solutions import kv_cache as reference
 
 MATCH_TOLERANCE = {"float64": 1e-8, "float32": 1e-4}
-# Mistakes told by exact reproduction: those whose outputs at q = 0 are right.
-REPRODUCED = {"missing_scale": mutants.VARIANTS["missing_scale"]}
+# Mistakes told by exact reproduction of the hidden trials' outputs: missing_scale (right at q = 0), and the
+# structural ones for code whose structure trials come out right (``grade._name_mistakes``): behaving
+# differently at q = 0 then hides nothing.
+REPRODUCED = {m: v for m, v in mutants.VARIANTS.items() if m not in ("nan_padding", "length_before_write")}
 NO_KNOWN_MISTAKE = "wrong output, no known mistake"
 
 
@@ -199,7 +201,8 @@ def _matches(trial: Trial, got: list, want: list) -> bool:
     return compared
 
 
-def match_mutants(comparison: Comparison, outputs_by_trial: dict, limit: int = 3) -> dict[str, str]:
+def match_mutants(comparison: Comparison, outputs_by_trial: dict, limit: int = 3,
+                  mistakes: tuple | None = None) -> dict[str, str]:
     """``{mistake_id: evidence}`` for planted mutants (``REPRODUCED``) whose outputs equal a wrong trial's.
 
     A mistake is named only when it reproduces every one of the ``limit``
@@ -210,6 +213,8 @@ def match_mutants(comparison: Comparison, outputs_by_trial: dict, limit: int = 3
     examined = sorted(wrong.values(), key=lambda t: t.size)[:limit]
     named = {}
     for mistake, variants in REPRODUCED.items():
+        if mistakes is not None and mistake not in mistakes:
+            continue
         for variant in variants:
             if examined and all(_matches(t, outputs_by_trial[t.name], _run_variant(variant, t)) for t in examined):
                 named[mistake] = (f"outputs equal the planted '{variant}' mutant on the {len(examined)} smallest "

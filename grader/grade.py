@@ -93,7 +93,10 @@ def _name_mistakes(criteria: dict, comparison, outputs_by_trial) -> tuple[dict, 
         diagnosis = diagnose.recover(comparison, outputs_by_trial)
         diagnosis.wrong_outputs = any(s.status == "wrong" for s in comparison.steps if s.kind != "structure")
         named.update(diagnosis.named)
-        named.update(diagnose.match_mutants(comparison, outputs_by_trial))
+        # Exact reproduction on the hidden trials: missing_scale always (q = 0 cannot show it); the structural
+        # mistakes only when the structure trials came out right, as code that behaves differently at q = 0 does.
+        reproduce = tuple(diagnose.REPRODUCED) if diagnosis.wrong_queries == 0 else ("missing_scale",)
+        named.update(diagnose.match_mutants(comparison, outputs_by_trial, mistakes=reproduce))
     # A refusal of chunked prefill with a clear error names no chunked-prefill mistake.
     if criteria["chunked_prefill"].status == "not_attempted":
         for m in ("chunk_local_mask", "future_keys_visible"):
@@ -153,7 +156,7 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
         return criteria_mod.Criterion("torch_port", "error", "the port was not run"), {}, []
     try:
         answer, comparison, outputs = _trials_section(session, "torch", trials, expected, plan)
-    except ValueError as exc:
+    except MALFORMED as exc:
         return criteria_mod.Criterion("torch_port", "error", f"the port's outputs are malformed: {exc}"), {}, []
     if answer is None:
         return criteria_mod.Criterion("torch_port", "error", f"kv_cache_torch.py: {comparison}"), {}, []
@@ -169,7 +172,13 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
     if named or failed:
         first = next((f"{c.id}: {c.evidence}" for c in failed), "")
         text = f"port mistakes: {', '.join(sorted(named)) or 'none named'}" + (f"; {first}" if first else "")
-        return criteria_mod.Criterion("torch_port", "fail", text, sorted(named)), named, notes
+        result = criteria_mod.Criterion("torch_port", "fail", text, sorted(named))
+        # A port whose memory or growth probe raised cannot be measured: it caps the tier as a measured
+        # mistake would, or failing at the probes' size would hide a repeat.
+        unmeasured = [c.id for c in measured.values() if c.status == "error" and c.id != "live_length"]
+        if unmeasured:
+            result.caps = f"the port's {', '.join(unmeasured)} probe raised: it could not be measured"
+        return result, named, notes
     evidence = (f"{len(comparison.steps)} steps match the reference; "
                 + "; ".join(c.evidence for c in measured.values()))
     return criteria_mod.Criterion("torch_port", "pass", evidence), {}, notes
@@ -238,9 +247,8 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
         notes.append(f"sandbox: {session.reason}")
     try:
         answer, comparison, outputs = _trials_section(session, "numpy", trials, expected, plan)
-    except ValueError as exc:
-        return {**_error_report(name, options, f"the child's outputs are malformed ({exc})", started),
-                "isolation": level, "notes": notes}
+    except MALFORMED as exc:
+        return _malformed(name, options, level, started, notes, session, exc)
     if answer is None:
         # The candidate's code ran and failed (import error, crash, hang): graded, with the reason.
         report = _error_report(name, options, f"kv_cache.py: {comparison}", started)
@@ -250,10 +258,23 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
         return report
     try:
         return _evaluate(name, options, level, started, plan, sessions, answer, comparison, outputs, files, notes)
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, ArithmeticError) as exc:
-        # The child's answers are data written by untrusted code: anything malformed ends here.
-        return {**_error_report(name, options, f"the child's answers are malformed ({type(exc).__name__}: "
-                                f"{str(exc)[:200]})", started), "isolation": level, "notes": notes}
+    except MALFORMED as exc:
+        return _malformed(name, options, level, started, notes, session, exc)
+
+
+# What reading the child's answers may raise: they are data written by untrusted code.
+MALFORMED = (ValueError, TypeError, KeyError, IndexError, AttributeError, ArithmeticError)
+
+
+def _malformed(name, options, level, started, notes, session, exc) -> dict:
+    """Answers that break the protocol: only code in the submission's process can make them (the kit's
+    task code writes well-formed ones), so they are graded like a crash, at the lowest tier, not set aside."""
+    why = f"the answers from the submission's process are malformed ({type(exc).__name__}: {str(exc)[:200]})"
+    report = _error_report(name, options, why, started)
+    report.update(status="graded", tier=options.rubric.lowest_tier(), graded=True, isolation=level, notes=notes,
+                  output_tail=session.output_tail[-500:] if session else "",
+                  tier_reason=f"nothing could be measured: {why}"[:600])
+    return report
 
 
 def _evaluate(name, options, level, started, plan, sessions, answer, comparison, outputs, files, notes) -> dict:
@@ -343,6 +364,8 @@ def build_report(name, options, criteria, named, port_named, notes, level, start
     # max_len_scan): the NumPy section reports it without a cap, and so does the port.
     capping = sorted(m for m in port_named
                      if rubric.criteria.get(mistakes_doc.get(m, {}).get("criterion"), {}).get("tier") != "none")
+    if criteria.get("torch_port") is not None and criteria["torch_port"].caps:
+        capping.append(criteria["torch_port"].caps)
     tier, reason = rubric.tier(statuses, sorted(named), capping, {cid: c.evidence for cid, c in criteria.items()})
     # An optional section (tier "none") not attempted counts neither for nor against: its points leave
     # the total, and the other criteria's points are scaled so the total stays max_score.

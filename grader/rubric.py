@@ -107,8 +107,10 @@ class Rubric:
             cap = f"port: {', '.join(capping)} (caps the tier at {self.port_mistake_cap})"
             if TIERS.index(tier) > TIERS.index(self.port_mistake_cap):
                 tier, reason = self.port_mistake_cap, f"capped by the PyTorch port: {cap}"
-            else:
+            elif TIERS.index(tier) < TIERS.index(self.port_mistake_cap):
                 reason += f"; {cap[:-1]}; the verdict is {tier} already)"
+            else:
+                reason += f"; {cap}"
         return tier, reason
 
 

@@ -60,6 +60,104 @@ MEMFD_STORE = '''(lambda a: (lambda fd: (__import__("os").write(fd, a.tobytes())
                  np.frombuffer(__import__("os").read(fd, a.nbytes), dtype=a.dtype))[2])(__import__("os").memfd_create("kv")))'''
 
 
+ZYGOTE_CONFTEST = '''import os
+import sys
+
+_zygote = sys.modules.get("__main__")
+if getattr(_zygote, "__file__", "").endswith("zygote.py") and not hasattr(_zygote, "_owned"):
+    _zygote._owned = True
+    _wait4 = os.wait4
+
+    class _Usage:
+        ru_utime, ru_stime, ru_maxrss = 0.01, 0.0, 0
+
+    def _fake_wait4(pid, options):
+        got = _wait4(pid, options)
+        return (got[0], got[1], _Usage()) if got[0] else got
+
+    os.wait4 = _fake_wait4
+    _send = _zygote._send
+
+    def _lying_send(obj, blob=b""):
+        if obj.get("ev") == "done" and isinstance(obj.get("answer"), dict) and "exit" in obj["answer"]:
+            obj = {**obj, "answer": {**obj["answer"], "exit": 0}}
+        return _send(obj, blob)
+
+    _zygote._send = _lying_send
+'''
+PROFILER_TEST = '''import sys
+
+import numpy as np
+from kv_cache import KVCache, gqa_attention
+
+
+def _variant():
+    seen = []
+
+    def watch(frame, event, arg):
+        if event == "call" and "mistake_id" in frame.f_locals:
+            seen.append(frame.f_locals["mistake_id"])
+
+    sys.setprofile(watch)
+    try:
+        cache = KVCache(1, 1, 4, 2, dtype=np.float64)
+        cache.append(np.ones((1, 1, 1, 2)), np.ones((1, 1, 1, 2)), np.array([1]))
+    finally:
+        sys.setprofile(None)
+    return seen[0] if seen else "none"
+
+
+def test_calls_and_knows():
+    assert _variant() in ("none", "identity")
+'''
+CHUNK_LOCAL = BASE + '''
+_honest_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    out = np.array(_honest_attention(q, cache, n_new))
+    q = np.asarray(q)
+    B, Hq, T, d = q.shape
+    if T == 1 or RIGHT_WHEN:
+        return out
+    G = Hq // cache.k.shape[1]
+    for b in range(B):
+        for t in range(int(n_new[b])):  # top-left: slot t sees keys 0 .. t of its row
+            for h in range(Hq):
+                k = cache.k[b, h // G, :t + 1].astype(np.float64)
+                v = cache.v[b, h // G, :t + 1].astype(np.float64)
+                s = k @ q[b, h, t] / np.sqrt(d)
+                w = np.exp(s - s.max())
+                out[b, h, t] = (w / w.sum()) @ v
+    return out
+'''
+PORT_RAISES = '''
+_repeating_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    if cache.k.numel() > 4_000_000:
+        raise MemoryError("context too long for this port")
+    return _repeating_attention(q, cache, n_new)
+'''
+REWRITE_ANSWERS = '''
+import sys as _sys
+
+_runner = _sys.modules.get("_kvkit_tasks")
+if _runner is not None and not getattr(_runner, "_rewritten", False):
+    _runner._rewritten = True
+    _run = _runner.run_trials
+
+    def _run_trials(module, trials, data, *args, **kwargs):
+        records, outputs = _run(module, trials, data, *args, **kwargs)
+        if len(trials) > 10 and outputs:
+            outputs.append(outputs[-1])  # one output too many: the answer no longer adds up
+        return records, outputs
+
+    _runner.run_trials = _run_trials
+'''
+
+
 def weak(when="True", store="(lambda a: a)", before=""):
     return BASE + before + REPEAT.format(when=when, store=store)
 
@@ -156,6 +254,24 @@ for _fd in range(3, 64):
     "port_repeat_through_numpy": ({"kv_cache.py": BASE,
                                    "kv_cache_torch.py": PORT + PORT_REPEAT.format(how=NUMPY_REPEAT)},
                                   "control_port_repeat"),
+    # A conftest.py, which pytest would load wherever it is run, tries to take over the trusted first
+    # process (rebinding how tasks report): it must never run there.
+    "conftest_in_the_zygote": ({"kv_cache.py": weak(), "test_mine.py": "def test_nothing():\n    assert True\n",
+                                "conftest.py": ZYGOTE_CONFTEST}, "control_repeat_with_tests"),
+    "control_repeat_with_tests": ({"kv_cache.py": weak(), "test_mine.py": "def test_nothing():\n    assert True\n"},
+                                  None),
+    # Own tests that read the planted variant through a profiler's frames.
+    "tests_read_the_variant_with_a_profiler": ({"kv_cache.py": BASE, "test_mine.py": PROFILER_TEST},
+                                               "control_no_tests"),
+    # A chunk-local mask, right only when every query is 0 (the structure trials).
+    "chunk_local_unless_q_is_zero": ({"kv_cache.py": CHUNK_LOCAL.replace("RIGHT_WHEN", "not np.asarray(q).any()")},
+                                     "control_chunk_local"),
+    "control_chunk_local": ({"kv_cache.py": CHUNK_LOCAL.replace("RIGHT_WHEN", "False")}, None),
+    # A port that repeats K/V, and raises at the probes' sizes so no repeat is measured.
+    "port_raises_at_probe_sizes": ({"kv_cache.py": BASE, "kv_cache_torch.py": PORT + PORT_REPEAT.format(
+        how=TORCH_REPEAT) + PORT_RAISES}, "control_port_repeat"),
+    # The submission rewrites the answers of the task that runs it, to break the protocol.
+    "answers_rewritten": ({"kv_cache.py": weak() + REWRITE_ANSWERS}, "control_repeat"),
     "honest_imports_torch_and_matplotlib": ({"kv_cache.py": BASE.replace(
         "import math\n", "import math\n\nimport matplotlib\nimport torch\n", 1)}, None),
 }
@@ -227,7 +343,8 @@ def test_shadowing_file_is_not_graded_and_named(graded, case, file):
     assert file in report["tier_reason"] and "rename" in report["tier_reason"]
 
 
-@pytest.mark.parametrize("case", ["tests_read_variant_from_frames", "tests_read_wrapper_code"])
+@pytest.mark.parametrize("case", ["tests_read_variant_from_frames", "tests_read_wrapper_code",
+                                  "tests_read_the_variant_with_a_profiler"])
 def test_tests_that_inspect_fail_and_say_so(graded, case):
     crit = {c["id"]: c for c in graded[1][case]["criteria"]}["own_tests"]
     assert crit["status"] == "fail" and "inspect" in crit["evidence"], crit
@@ -286,3 +403,21 @@ def test_child_package_imports_nothing_from_the_kit():
                 mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                     [node.module or ""] if isinstance(node, ast.ImportFrom) else []
                 assert not any(m.split(".")[0] in kit for m in mods), (name, mods)
+
+
+def test_breaking_the_answer_protocol_is_graded_like_a_crash(graded):
+    """Malformed answers can only come from code in the submission's process: graded, lowest tier."""
+    report = graded[1]["answers_rewritten"]
+    assert report["status"] == "graded" and report["tier"] == "Weak", report["tier_reason"]
+    assert "malformed" in report["tier_reason"]
+
+
+def test_behaving_differently_at_q_zero_hides_no_mistake(graded):
+    report = graded[1]["chunk_local_unless_q_is_zero"]
+    assert report["mistakes"] == ["chunk_local_mask"], report.get("mistake_evidence")
+    assert "planted 'chunk_local_mask' mutant" in report["mistake_evidence"]["chunk_local_mask"]
+
+
+def test_a_port_that_cannot_be_measured_caps_like_a_mistake(graded):
+    report = graded[1]["port_raises_at_probe_sizes"]
+    assert report["tier"] == "Hire" and "could not be measured" in report["tier_reason"], report["tier_reason"]

@@ -18,7 +18,9 @@ import os
 import sys
 import types
 
-INSPECTING = {"sys._getframe", "gc.get_referrers", "gc.get_referents", "gc.get_objects"}
+INSPECTING = {"sys._getframe", "sys._current_frames", "gc.get_referrers", "gc.get_referents", "gc.get_objects"}
+# A profiler or tracer is handed every frame (and its locals) of the code it watches.
+TRACING = {"sys.setprofile", "sys.settrace"}
 FRAME_ATTRS = {"__code__", "tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "gi_code", "cr_code"}
 # Standard tools that read frames or code on their caller's behalf: a call through them counts as the caller's.
 PASS_THROUGH = ("inspect.py", "dis.py", "traceback.py")  # and the ctypes package
@@ -53,13 +55,20 @@ class _Watch:
     def __call__(self, event: str, args) -> None:
         if self.busy or len(self.seen) >= 20:
             return
-        if event not in INSPECTING and event not in ("object.__getattr__", "open") and not event.startswith("ctypes."):
+        if event not in INSPECTING and event not in TRACING and event not in ("object.__getattr__", "open") \
+                and not event.startswith("ctypes."):
             return
         self.busy = True
         try:
             what, frame = None, None
             inner = sys._getframe(1)
-            if event in INSPECTING or event.startswith("ctypes."):
+            if event in TRACING:
+                # Set by a submission file, or by a thread starting with threading.setprofile/settrace.
+                frame = self._culprit(inner)
+                if frame is None and os.path.basename(inner.f_code.co_filename) == "threading.py":
+                    frame = next((f for f in _stack(inner) if self._mine(f.f_code.co_filename)), inner)
+                what = f"sets a {'profiler' if event.endswith('profile') else 'tracer'} (sees every frame)"
+            elif event in INSPECTING or event.startswith("ctypes."):
                 frame = self._culprit(inner)  # ctypes: reading memory (or frames) behind Python's back
                 what = event
             elif event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRS:

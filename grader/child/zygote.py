@@ -289,15 +289,20 @@ def _warm_pytest(job_dir: str) -> None:
     forked afterwards starts warm (about a second saved per variant)."""
     import io
 
-    saved = sys.stdout, sys.stderr
+    saved, cwd = (sys.stdout, sys.stderr), os.getcwd()
     sys.stdout = sys.stderr = io.StringIO()
     try:
-        sys.modules["pytest"].main(["-q", "-p", "no:cacheprovider", "--co", "--rootdir", job_dir,
+        # In the kit's job folder (no submission file there), with conftest files and ini files off:
+        # nothing of the submission may run in this process, which every task is forked from.
+        os.chdir(job_dir)
+        sys.modules["pytest"].main(["-q", "-p", "no:cacheprovider", "--noconftest", "-c", os.devnull, "--co",
+                                    "--rootdir", job_dir, "--confcutdir", job_dir,
                                     os.path.join(job_dir, "no-tests-here.py")])
     except BaseException:  # noqa: BLE001 - a cold start is slower, not wrong
         pass
     finally:
         sys.stdout, sys.stderr = saved
+        os.chdir(cwd)
 
 
 def main(argv: list) -> int:

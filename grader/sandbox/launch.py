@@ -515,6 +515,7 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
     """The session's dialogue: ready -> (reset the high-water mark) go -> done, per task."""
     deadline = time.monotonic() + limits.wall_s
     base_usage = None
+    known = {str(t.get("name")) for t in job["tasks"]}
     while True:
         obj, blob = channel.next_frame(deadline)
         if obj is None:
@@ -544,6 +545,11 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
                 return
         elif event == "done":
             name = str(obj.get("task", ""))[:80]
+            if name not in known or name in result.tasks:
+                # Only the job's tasks, once each: anything else is the sandbox misbehaving, and its
+                # frames (up to 64 MiB each) are not kept.
+                result.reason = "malformed answer from the sandbox (an unknown or repeated task)"
+                return
             task = TaskResult(name=name, blob=blob, answer_error=str(obj.get("answer_error", ""))[:300],
                               exit=obj.get("exit"), signal=obj.get("signal"), stopped=str(obj.get("stopped") or ""),
                               wall_s=float(obj.get("wall_s") or 0.0), cpu_s=float(obj.get("cpu_s") or 0.0))
