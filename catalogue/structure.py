@@ -90,6 +90,8 @@ MASKS = {
     "right": lambda pos, t, live, n, T, S: pos + 1,
     # Top-left: the chunk's own causal mask, as if the cache were empty.
     "chunk_local_mask": lambda pos, t, live, n, T, S: t + 1 if T > 1 else None,
+    # The same mask at decode too (query 0 of a one-token call sees key 0 alone).
+    "chunk_local_mask/at_decode_too": lambda pos, t, live, n, T, S: t + 1,
     "off_by_one_mask": lambda pos, t, live, n, T, S: pos + 2 if pos + 2 <= live else None,
     "off_by_one_mask/too_few": lambda pos, t, live, n, T, S: pos if pos > 0 else None,
     # No mask at all on a chunk after a prefix: every key of the row.

@@ -73,13 +73,19 @@ SUBMISSION_FILES = ("cost.py", "kv_cache_torch.py", "conftest.py")
 
 
 def _is_class(path: str) -> bool:
-    """A folder is a class of submissions unless it is one itself (kv_cache.py, a notebook, or files only a
-    submission holds), or holds nothing to grade."""
+    """A folder is a class of submissions unless it is one itself (kv_cache.py, files only a submission
+    holds, or a single notebook and nothing else to grade), or holds nothing to grade."""
     names = [n for n in os.listdir(path) if not n.startswith(".")]
-    if not names or "kv_cache.py" in names or any(n.endswith(".ipynb") for n in names):
+    if not names or "kv_cache.py" in names:
         return False
     if any(n in SUBMISSION_FILES or (n.startswith("test_") and n.endswith(".py")) for n in names):
         return False
+    notebooks = [n for n in names if n.endswith(".ipynb")]
+    others = [n for n in names if n.endswith((".py", ".zip")) or os.path.isdir(os.path.join(path, n))]
+    if len(notebooks) == 1 and not others:
+        return False  # one notebook and its notes: a notebook hand-back
+    if notebooks:
+        return True  # several notebooks, or notebooks beside folders and files: a class
     # A class holds submissions: folders, .py files or zips. A folder of other files is one bad hand-back.
     return any(n.endswith((".py", ".zip")) or os.path.isdir(os.path.join(path, n)) for n in names)
 

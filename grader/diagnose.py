@@ -229,8 +229,8 @@ def smallest_failing(comparison: Comparison) -> str | None:
     A step whose real slots are right but whose padded slots are NaN or inf
     counts as failing (the ``nan_padding`` case).
     """
-    failing = [s for s in comparison.steps
-               if s.kind != "structure" and (s.status != "ok" or s.padding == "nonfinite")]
+    failing = [s for s in comparison.steps  # edge cases (B = 0, T = 0, an empty cache) are notes, not failures
+               if s.kind not in ("structure", "edge") and (s.status != "ok" or s.padding == "nonfinite")]
     if not failing:
         return None
     step = min(failing, key=lambda s: (s.trial.size, s.index))

@@ -23,7 +23,7 @@ from grader import compare, criteria as criteria_mod, diagnose, jobs, owntests, 
 from grader import report as report_mod
 from grader import rubric as rubric_mod
 from grader.sandbox import launch
-from grader.submission import SubmissionError, materialize, name_of, set_aside_bundle, shadowing
+from grader.submission import SubmissionError, materialize, name_of, provide_helpers, set_aside_bundle, shadowing
 from kvkit import cost_table
 from solutions import cost as ref_cost
 
@@ -192,6 +192,11 @@ def _error_report(name, options, reason, started, status: str = "not_graded") ->
 _SWEPT: list = []
 
 
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
 def grade(path: str, options: Options | None = None) -> dict:
     """Grade the submission at ``path`` (directory, .zip, .py or .ipynb) and return its report dict."""
     options = options or Options()
@@ -207,6 +212,8 @@ def grade(path: str, options: Options | None = None) -> dict:
         except SubmissionError as exc:
             return _error_report(name, options, str(exc), started)
         files, aside = set_aside_bundle(workdir, files)
+        if aside:  # the kit's helpers the candidate's own files import (catalogue.mutants) stay importable
+            provide_helpers(workdir, [_read(os.path.join(workdir, f)) for f in files if f.endswith(".py")])
         if "kv_cache.py" not in files:
             why = " (the kv_cache.py handed back is the starter bundle's unfilled stub)" \
                 if "kv_cache.py" in aside else ""

@@ -34,6 +34,7 @@ import zipfile
 
 KIT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("kvkit", "grader", "solutions", "catalogue")
+FINGERPRINTS = "grader/bundle_fingerprints.json"  # read by grader.submission.set_aside_bundle
 TOP_FILES = ("pyproject.toml",)
 CONFIG = "kvkit_autograder.json"
 SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ipynb_checkpoints", "examples"}
@@ -177,6 +178,12 @@ def build(out: str, config: dict, rubric: str | None = None) -> list[str]:
         names.append(CONFIG)
         _add(zf, "requirements-grading.txt", grading_requirements().encode())
         names.append("requirements-grading.txt")
+        # The starter bundle's fingerprints, computed here where its sources are: the autograder ships
+        # without the exercises, and still sets aside the bundle files a student hands back unchanged.
+        from kvkit.starter import bundle_fingerprints
+
+        _add(zf, FINGERPRINTS, (json.dumps(bundle_fingerprints(), indent=0, sort_keys=True) + "\n").encode())
+        names.append(FINGERPRINTS)
         for path, arcname in bundle_files():
             with open(path, "rb") as f:
                 _add(zf, arcname, f.read())
@@ -250,7 +257,7 @@ def autograde(root: str) -> int:
             results = report_mod.gradescope(report, options.rubric, "class")
             results["extra_data"] = {"tier": report["tier"], "seed": report["seed"], "mistakes": report["mistakes"],
                                      "isolation": report["isolation"]}
-            report_mod.print_report(report)
+            report_mod.print_report(report, rubric=options.rubric, audience="class")
     except Exception as exc:  # noqa: BLE001 - the student must still get a results.json
         traceback.print_exc()
         results = _failure(f"The autograder failed ({type(exc).__name__}: {str(exc)[:200]}). "

@@ -57,6 +57,12 @@ def criterion(session, files: list[str], task_of=None) -> Criterion:
     if base != 0:
         return Criterion("own_tests", "fail", f"own tests fail on the submission itself (pytest exit {base})"
                          + _first_failure(runs["none"]))
+    if mutants.CONTROL not in runs:
+        task = session.tasks.get(task_of(mutants.CONTROL)) if session else None
+        why = (task.why() if task else "") or (session.reason if session else "") or "it did not report"
+        return Criterion("own_tests", "error", f"own tests did not finish on the control (the submission wrapped "
+                         f"with no change in behaviour): {why}; the variants run two at a time within the "
+                         f"session's time, so tests that take long on one run may not finish them all")
     if code(mutants.CONTROL) != 0:
         return Criterion("own_tests", "fail", "own tests fail on the submission wrapped with no change in "
                          "behaviour: they detect the grader's wrapping, not mistakes"

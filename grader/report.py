@@ -114,10 +114,17 @@ def print_report(report: dict, console=None, rubric=None, audience: str = "hirin
 
     console = console or Console()
     title = headline(report, rubric, audience)
+    graded = status_of(report) == "graded"
     rule = Text.assemble((clean(report["submission"], 200), "bold"), "  ",
-                         (title, TIER_STYLE.get(report.get("tier") if status_of(report) == "graded" else "", "bold yellow")),
-                         f"  {report['score']:g}/{report['max_score']:g}")
+                         (title, TIER_STYLE.get(report.get("tier") if graded else "", "bold yellow")),
+                         f"  {report['score']:g}/{report['max_score']:g}" if graded else "")
     console.rule(rule)
+    if not graded:  # no verdict: the reason and what to fix, not a table of criteria that were never run
+        console.print(Text(f"{clean(reason(report, rubric, audience))} | isolation: {clean(report['isolation'])}",
+                           style="yellow"))
+        for note in report.get("notes", []):
+            console.print(Text.assemble(("note: ", "yellow"), clean(note)))
+        return
     console.print(Text(f"{clean(reason(report, rubric, audience))} | seed {report['seed']} | {report['duration_s']} s | "
                        f"isolation: {clean(report['isolation'])}", style="dim"))
     if report.get("error"):
@@ -226,9 +233,13 @@ def gradescope(report: dict, rubric=None, audience: str = "class") -> dict:
     tests = [{"name": clean(c["title"]), "score": c["points"], "max_score": c["max_points"],
               "status": "passed" if c["status"] == "pass" else "failed",
               "output": clean(c["evidence"]) + (f" Mistakes: {clean(', '.join(c['mistakes']))}." if c["mistakes"] else ""),
-              "visibility": "visible"} for c in report["criteria"]]
+              "visibility": "visible"} for c in report["criteria"] if c.get("counted", True)]
     word = "Result" if audience == "class" else "Verdict"
     output = f"{word}: {headline(report, rubric, audience)}. {clean(reason(report, rubric, audience))}."
+    left_out = [clean(c["title"]) for c in report["criteria"] if not c.get("counted", True)]
+    if left_out:
+        output += (f"\nNot attempted, optional: {'; '.join(left_out)}. It counts neither for nor against: the "
+                   f"other points are scaled to {report['max_score']:g}.")
     if report.get("smallest_failing"):
         output += f"\nSmallest failing case: {clean(report['smallest_failing'])}"
     diagnosis = report.get("diagnosis") or {}

@@ -13,6 +13,7 @@ in the grader's process.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -77,8 +78,12 @@ def set_aside_bundle(workdir: str, files: list[str]) -> tuple[list[str], list[st
 
     try:
         known = _fingerprints(bundle_fingerprints)
-    except (BuildError, OSError):  # a kit installed without its exercises (the Gradescope bundle)
-        return list(files), []
+    except (BuildError, OSError):  # a kit installed without its exercises: the Gradescope bundle ships them
+        try:
+            with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bundle_fingerprints.json")) as f:
+                known = _fingerprints(lambda: json.load(f))
+        except (OSError, ValueError):
+            return list(files), []
     kept, aside = [], []
     for rel in files:
         path = os.path.join(workdir, rel)
@@ -328,6 +333,14 @@ def materialize(path: str, workdir: str) -> list[str]:
             written.append(rel)
     if "kv_cache.py" not in written:
         ipynbs = sorted(n for n in os.listdir(path) if n.endswith(".ipynb") and not os.path.islink(os.path.join(path, n)))
+        if not ipynbs:
+            # nbgrader's layout, submitted/<student>/<assignment>/<notebook>.ipynb: one notebook one level down.
+            nested = sorted(os.path.join(d, n) for d in os.listdir(path)
+                            if os.path.isdir(os.path.join(path, d)) and not os.path.islink(os.path.join(path, d))
+                            and d not in SKIP_DIRS
+                            for n in os.listdir(os.path.join(path, d))
+                            if n.endswith(".ipynb") and not os.path.islink(os.path.join(path, d, n)))
+            ipynbs = nested if len(nested) == 1 else []
         if ipynbs:  # the folder's own files win over the notebook's
             written += _write_notebook(os.path.join(path, ipynbs[0]), workdir, skip=set(written))
     return sorted(written)
@@ -379,9 +392,15 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
                 if info.file_size > MAX_FILE_BYTES or total > MAX_TOTAL_BYTES:
                     continue
                 target = os.path.join(scratch, *parts)
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                with archive.open(info) as src, open(target, "wb") as dst:
-                    dst.write(src.read(MAX_FILE_BYTES + 1)[:MAX_FILE_BYTES])
+                try:
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    with archive.open(info) as src, open(target, "wb") as dst:
+                        dst.write(src.read(MAX_FILE_BYTES + 1)[:MAX_FILE_BYTES])
+                except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError) as exc:
+                    # A damaged entry, a file where a folder should be, a name too long, encryption: the
+                    # hand-back cannot be read, which its owner can fix.
+                    raise SubmissionError(f"{path}: the zip could not be unpacked at {name[:80]!r} "
+                                          f"({type(exc).__name__}); zip the folder again") from exc
         root = scratch
         entries = [e for e in os.listdir(scratch) if not e.startswith((".", "__MACOSX"))]
         if len(entries) == 1 and os.path.isdir(os.path.join(scratch, entries[0])):

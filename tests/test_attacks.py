@@ -421,3 +421,25 @@ def test_behaving_differently_at_q_zero_hides_no_mistake(graded):
 def test_a_port_that_cannot_be_measured_caps_like_a_mistake(graded):
     report = graded[1]["port_raises_at_probe_sizes"]
     assert report["tier"] == "Hire" and "could not be measured" in report["tier_reason"], report["tier_reason"]
+
+
+@pytest.mark.parametrize("damage", ["file_and_folder", "bad_crc", "long_name"])
+def test_a_damaged_zip_is_not_graded_and_says_why(tmp_path, damage):
+    """A zip that cannot be unpacked is the hand-back's problem (not graded, with the reason), never a grader error."""
+    path = tmp_path / "work.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("kv_cache.py", BASE)
+        if damage == "file_and_folder":
+            zf.writestr("notes", "a file")
+            zf.writestr("notes/inside.txt", "and a folder of the same name")
+        elif damage == "long_name":
+            zf.writestr("x" * 300 + ".txt", "too long a name")
+    if damage == "bad_crc":
+        data = bytearray(path.read_bytes())
+        at = data.find(b"import math")
+        data[at] = ord("I")  # the stored bytes no longer match their CRC
+        path.write_bytes(bytes(data))
+    from grader.grade import Options, grade
+
+    report = grade(str(path), Options(seed=1, trials=5))
+    assert report["status"] == "not_graded" and "could not be unpacked" in report["tier_reason"], report["tier_reason"]

@@ -140,3 +140,22 @@ def test_a_decode_bug_is_not_taken_for_an_overflow_bug():
     comparison, outputs = run(*mutants.plant("length_before_write", ref.KVCache, ref.gqa_attention), trials)
     result = criteria.overflow_from_trials(comparison, outputs)
     assert result.status == "fail" and result.mistakes == ["length_before_write"]
+
+
+def test_a_top_left_mask_at_decode_too_is_still_the_chunk_local_mask():
+    """Learner and grader name the same code alike: top-left at every call, decode included."""
+    def top_left_everywhere(q, cache, n_new):
+        out = np.array(ref.gqa_attention(q, cache, n_new))
+        q = np.asarray(q)
+        B, Hq, T, d = q.shape
+        G = Hq // cache.k.shape[1]
+        for b in range(B):
+            for t in range(int(n_new[b])):
+                for h in range(Hq):
+                    k, v = cache.k[b, h // G, :t + 1], cache.v[b, h // G, :t + 1]
+                    s = k @ q[b, h, t] / np.sqrt(d)
+                    w = np.exp(s - s.max())
+                    out[b, h, t] = (w / w.sum()) @ v
+        return out
+
+    assert set(recovered(ref.KVCache, top_left_everywhere).named) == {"chunk_local_mask"}

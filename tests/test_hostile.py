@@ -243,8 +243,14 @@ def test_the_grader_goes_on(graded):
 
 
 def test_nothing_escaped(graded):
-    with open(SENTINEL) as f:
-        assert "must survive" in f.read()
+    try:
+        with open(SENTINEL) as f:
+            assert "must survive" in f.read()
+    finally:
+        try:
+            os.remove(SENTINEL)  # the test's own file: gone once checked
+        except OSError:
+            pass
     for path in ESCAPES:
         assert not os.path.exists(path), path
     assert os.path.exists(os.path.join(ROOT, "solutions", "kv_cache.py"))

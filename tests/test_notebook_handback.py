@@ -143,3 +143,14 @@ def test_a_kit_helper_the_own_tests_import_is_copied_in_but_not_graded(tmp_path)
     files = materialize(str(path), str(work))
     assert "catalogue/mutants.py" not in files and "test_notebook_check.py" in files
     assert (work / "catalogue" / "mutants.py").read_bytes() == Path(catalogue.mutants.__file__).read_bytes()
+
+
+def test_nbgraders_own_layout_is_read(tmp_path):
+    """submitted/<student>/<assignment>/<notebook>.ipynb: the student's folder holds one notebook, one level down."""
+    student = tmp_path / "submitted" / "alice"
+    (student / "kv_cache").mkdir(parents=True)
+    (student / "kv_cache" / "kv_cache.ipynb").write_bytes(SOURCE.read_bytes())
+    work = tmp_path / "work"
+    work.mkdir()
+    files = materialize(str(student), str(work))
+    assert {"kv_cache.py", "cost.py", "kv_cache_torch.py"} <= set(files)

@@ -116,6 +116,16 @@ def test_a_class_folder_gives_one_row_per_entry(tmp_path):
     os.symlink(cls / "alice", cls / "linked")
     rows = [os.path.basename(p) for p in expand([str(cls)])]
     assert rows == ["alice", "bob.py", "carol.zip", "linked", "notes.txt"]
+    # Notebooks in a class folder are entries too; a folder with one notebook (and notes) is one hand-back.
+    (cls / "dave.ipynb").write_text("{}")
+    (cls / "erin.ipynb").write_text("{}")
+    rows = [os.path.basename(p) for p in expand([str(cls)])]
+    assert rows == ["alice", "bob.py", "carol.zip", "dave.ipynb", "erin.ipynb", "linked", "notes.txt"]
+    single = tmp_path / "frank"
+    single.mkdir()
+    (single / "work.ipynb").write_text("{}")
+    (single / "notes.txt").write_text("hello")
+    assert expand([str(single)]) == [str(single)]
 
 
 def test_entries_that_are_not_submissions_are_not_graded(tmp_path):
