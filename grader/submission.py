@@ -219,6 +219,9 @@ def notebook_files(path: str) -> dict[str, str]:
     if not set(by_role) & set(ROLE_FILES):
         return {"kv_cache.py": notebook_source(path)}
     setup = [_cell_code(c) for c in by_role.get(SETUP_ROLE, [])]
+    # Cells the student added have no role: their definitions (imports, functions, classes, constants)
+    # go with the implementation, which may use them; anything they run (plots, prints) is left out.
+    added = [_definitions(_cell_code(c)) for c in nb.cells if _role(c) is None and _cell_code(c) is not None]
     files = {}
     for role, name in ROLE_FILES.items():
         cells = by_role.get(role, [])
@@ -229,11 +232,33 @@ def notebook_files(path: str) -> dict[str, str]:
         parts += setup
         if role in AFTER_IMPLEMENTATION:
             parts.append("from kv_cache import *  # noqa: F403 - the names the notebook's earlier cells defined")
+        if role == "implementation":
+            parts += [a for a in added if a]
         parts += [_cell_code(c) for c in cells]
         if role == "port":
             parts.append("\n".join(_exports(cells)))
         files[name] = _bounded(path, name, "\n\n".join(p for p in parts if p) + "\n")
     return files
+
+
+def _definitions(source: str) -> str:
+    """The top-level imports, functions, classes and constant assignments of ``source`` (syntax only)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ""
+    keep = []
+    for node in tree.body:
+        constant = isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(
+            getattr(node, "value", None), (ast.Constant, ast.Tuple, ast.List)) and all(
+            isinstance(n, ast.Constant) for n in ast.walk(node.value) if isinstance(n, ast.expr)
+            and not isinstance(n, (ast.Tuple, ast.List)))
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                or constant:
+            keep.append(ast.get_source_segment(source, node, padded=False) or "")
+    return "\n\n".join(k for k in keep if k)
 
 
 def _imported_modules(source: str) -> set[str]:

@@ -154,3 +154,20 @@ def test_nbgraders_own_layout_is_read(tmp_path):
     work.mkdir()
     files = materialize(str(student), str(work))
     assert {"kv_cache.py", "cost.py", "kv_cache_torch.py"} <= set(files)
+
+
+def test_a_cell_the_student_added_keeps_its_definitions(tmp_path):
+    """A new cell (no role) defining a helper the implementation uses: its definitions go with the
+    implementation; what it runs (a print, a plot) does not."""
+    nb = nbformat.read(str(SOURCE), as_version=4)
+    helper = nbformat.v4.new_code_cell("import math\n\nSCALE = 2\n\ndef my_helper(x):\n    return x * SCALE\n\n"
+                                       "print(my_helper(3))\n")
+    nb.cells.insert(3, helper)
+    path = tmp_path / "student.ipynb"
+    nbformat.write(nb, str(path))
+    work = tmp_path / "work"
+    work.mkdir()
+    materialize(str(path), str(work))
+    source = (work / "kv_cache.py").read_text()
+    assert "def my_helper(x):" in source and "SCALE = 2" in source and "print(my_helper(3))" not in source
+    compile(source, "kv_cache.py", "exec")
