@@ -856,37 +856,24 @@ import torch
 device = "cuda" if torch.cuda.is_available() else "cpu"
 
 # %% nbgrader={"grade": false, "grade_id": "torch_ops_demo", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from torch.utils._python_dispatch import TorchDispatchMode
+from grader.meters import op_watch
 
-
-class OpRecorder(TorchDispatchMode):
-    """Records (op, elements of its output, whether it is a view) for each op run inside `with`."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        returns = func._schema.returns
-        view = bool(returns) and returns[0].alias_info is not None
-        self.ops.append((func.overloadpacket.__name__, out.numel() if isinstance(out, torch.Tensor) else 0, view))
-        return out
+OpWatch = op_watch()  # the kit's one op recorder (the grader's and the learner's step 6 use it too)
 
 
 B_, HKV_, G_, T_, S_, D_ = 1, 2, 4, 1, 512, 64
 q_demo, k_demo = torch.randn(B_, HKV_ * G_, T_, D_), torch.randn(B_, HKV_, S_, D_)
-with OpRecorder() as broadcast:
+with OpWatch() as broadcast:
     scores_broadcast = q_demo.view(B_, HKV_, G_, T_, D_) @ k_demo.unsqueeze(2).transpose(-1, -2)
-with OpRecorder() as folded:
+with OpWatch() as folded:
     scores_folded = q_demo.reshape(B_, HKV_, G_ * T_, D_) @ k_demo.transpose(-1, -2)
 assert torch.allclose(scores_broadcast.reshape(scores_folded.shape), scores_folded, atol=1e-4)
 print(f"K holds {k_demo.numel():,} elements")
 for name, recorder in (("broadcast over G", broadcast), ("G folded into rows", folded)):
     # _unsafe_view reshapes without copying, though its schema does not say "view".
-    copies = [(op, n) for op, n, view in recorder.ops
-              if not view and op != "_unsafe_view" and n >= k_demo.numel()]
-    print(f"{name:>20}: ops {[op for op, _, _ in recorder.ops]}\n{'':>22}copies as large as K: {copies}")
+    ops = [(op.packet.split(".")[-1], op.numel, op.aliases) for op in recorder.ops]
+    copies = [(op, n) for op, n, view in ops if not view and op != "_unsafe_view" and n >= k_demo.numel()]
+    print(f"{name:>20}: ops {[op for op, _, _ in ops]}\n{'':>22}copies as large as K: {copies}")
 
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "torch_write", "locked": true, "schema_version": 3, "solution": false, "task": false}
