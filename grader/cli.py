@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quiet:
             try:
                 report_mod.print_report(rep, console, rubric, args.audience)
+            except SystemExit:  # rich's answer to a closed pipe (`| head`): stop printing, keep grading and writing
+                args.quiet = args.pipe_closed = True
             except Exception as exc:  # noqa: BLE001 - the report is safe on disk; say so and go on
                 print(f"{rep.get('submission')!r}: report not shown ({type(exc).__name__})", file=sys.stderr)
 
@@ -249,10 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         from grader import summary
 
         summary.write(ordered, args.out, rubric=rubric, audience=args.audience)
-    if len(ordered) > 1:
+    if len(ordered) > 1 and not getattr(args, "pipe_closed", False):
         from grader import summary
 
-        summary.print_summary(ordered, console, rubric, args.audience)
+        try:
+            summary.print_summary(ordered, console, rubric, args.audience)
+        except SystemExit:  # a closed pipe: every file is written already
+            pass
     return 0
 
 

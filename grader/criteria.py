@@ -44,6 +44,7 @@ class Criterion:
     mistakes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     caps: str = ""  # the port only: why it caps the tier though no mistake is named (it could not be measured)
+    silent: bool = False  # some step returned a wrong output (rather than raising): silently wrong
 
 
 def _where(step: StepVerdict) -> str:
@@ -80,7 +81,8 @@ def correctness(cid: str, steps: list[StepVerdict], what: str, refusable: list[S
                          f"{what} refused with a clear error ({bad.error.get('type')}: {bad.error.get('message')})")
     how = {"wrong": f"wrong output (max error {bad.max_error:.1e})", "raised": bad.detail,
            "bad_output": bad.detail, "not_run": bad.detail}[bad.status]
-    return Criterion(cid, "fail", f"{len(failing)} of {len(steps)} {what} steps fail; first: {_where(bad)}: {how}")
+    return Criterion(cid, "fail", f"{len(failing)} of {len(steps)} {what} steps fail; first: {_where(bad)}: {how}",
+                     silent=any(s.status == "wrong" for s in failing))
 
 
 def heads_read(step: StepVerdict, out) -> list[list]:
@@ -322,11 +324,15 @@ def overflow(probe) -> Criterion:
                      "and leaves lens and every row's live tokens unchanged (first and last row tried)", notes=notes)
 
 
-def _same_as_twin(step: StepVerdict, outputs_by_trial: dict | None) -> bool:
+def _same_as_twin(step: StepVerdict, outputs_by_trial: dict | None, twin_verdict: StepVerdict | None = None) -> bool:
     """Whether the decode after a failed append gave exactly what the same decode gave in the trial's twin
     (the same calls without that append): then the append changed nothing, whatever else is wrong."""
     from grader.suite import TWIN
 
+    if step.status == "raised" and twin_verdict is not None:
+        # The decode raises after the failed append and in the twin alike: attention itself raises.
+        return twin_verdict.status == "raised" and (twin_verdict.error or {}).get("type") == \
+            (step.error or {}).get("type") and "attention" in twin_verdict.detail and "attention" in step.detail
     if not outputs_by_trial or step.status != "wrong":
         return False
     got = (outputs_by_trial.get(step.trial.name) or [None] * (step.index + 1))[step.index]
@@ -352,7 +358,14 @@ def overflow_from_trials(comparison: Comparison, outputs_by_trial: dict | None =
     bad = next((s for s in over if s.status not in ("ok", "not_run")), None)
     if bad is not None:
         return Criterion(cid, "fail", f"{_where(bad)}: {bad.detail}")
-    wrong = first_failure([s for s in after if s.status != "not_run" and not _same_as_twin(s, outputs_by_trial)])
+    from grader.suite import TWIN
+
+    def twin_of(step):
+        index = step.index - sum(1 for s in step.trial.steps[:step.index] if s.overflow)
+        return next((s for s in comparison.steps if s.trial.name == step.trial.name + TWIN and s.index == index), None)
+
+    wrong = first_failure([s for s in after if s.status != "not_run"
+                           and not _same_as_twin(s, outputs_by_trial, twin_of(s))])
     if wrong is not None:
         moved = _lens_moved(wrong)
         if moved:
@@ -361,7 +374,7 @@ def overflow_from_trials(comparison: Comparison, outputs_by_trial: dict | None =
         how = "raises" if wrong.status == "raised" else "gives the wrong output"
         return Criterion(cid, "fail", f"after an append past max_len raised, {_where(wrong)} {how}: the failed "
                          f"append changed the cache's state (lens or live tokens)")
-    twins = [s for s in after if _same_as_twin(s, outputs_by_trial)]
+    twins = [s for s in after if _same_as_twin(s, outputs_by_trial, twin_of(s))]
     return Criterion(cid, "pass", f"{len(over)} appends past max_len (first and last row overflowing) raise "
                      "ValueError, and the decode step after each matches a cache they did not touch"
                      + (" (the same decode without the failed append: the decode itself is wrong, see Decode)"
@@ -385,8 +398,8 @@ def _lens_moved(step: StepVerdict) -> str:
     if not full:
         return ""
     rows = ", ".join(f"lens[{b}] = {int(moved[b])}" for b in full)
-    return (f"raises on an append every row has room for, as if the failed append had set {rows} "
-            f"(max_len {trial.max_len}): lengths moved before the write")
+    return (f"raises on an append every row has room for, as it would had the failed append moved lens (to "
+            f"{rows} at most; max_len {trial.max_len}): lengths moved before the write finished")
 
 
 def live_length(small, large, check_output: bool = True) -> Criterion:

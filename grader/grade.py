@@ -67,8 +67,11 @@ def _correctness_criteria(comparison, outputs_by_trial) -> dict:
     refusable = [s for s in comparison.steps if s.chunk_after_prefix and s.kind not in ("structure", "edge")]
     c = {"head_mapping": criteria_mod.head_mapping(comparison, outputs_by_trial)}
     for cid, kind in criteria_mod.OUTPUT_CHECKS.items():
+        # A refusal of chunked prefill means something only from code whose decode and full prefill work:
+        # an attention that raises everywhere (an unwritten function) has refused nothing.
+        may_refuse = cid == "chunked_prefill" and all(c[k].status == "pass" for k in ("decode", "full_prefill"))
         c[cid] = criteria_mod.correctness(cid, comparison.of_kind(kind), criteria_mod.WHAT[kind],
-                                          refusable=refusable if cid == "chunked_prefill" else None)
+                                          refusable=refusable if may_refuse else None)
     c["padding"] = criteria_mod.padding(comparison)
     return c
 
@@ -373,7 +376,8 @@ def build_report(name, options, criteria, named, port_named, notes, level, start
                      if rubric.criteria.get(mistakes_doc.get(m, {}).get("criterion"), {}).get("tier") != "none")
     if criteria.get("torch_port") is not None and criteria["torch_port"].caps:
         capping.append(criteria["torch_port"].caps)
-    tier, reason = rubric.tier(statuses, sorted(named), capping, {cid: c.evidence for cid, c in criteria.items()})
+    tier, reason = rubric.tier(statuses, sorted(named), capping, {cid: c.evidence for cid, c in criteria.items()},
+                               silent={cid for cid, c in criteria.items() if c.silent})
     # An optional section (tier "none") not attempted counts neither for nor against: its points leave
     # the total, and the other criteria's points are scaled so the total stays max_score.
     optional_out = {cid for cid, spec in rubric.criteria.items() if spec["tier"] == "none"

@@ -45,6 +45,7 @@ class Rubric:
     weak_mistakes: list
     port_mistake_cap: str
     max_score: float
+    weak_when_wrong: list = field(default_factory=list)  # criteria whose wrong outputs make the verdict Weak
     audiences: dict = field(default_factory=lambda: dict(DEFAULT_AUDIENCES))  # name -> labels of TIERS
 
     def title(self, cid: str) -> str:
@@ -72,11 +73,14 @@ class Rubric:
         return re.sub(rf"\b({pattern})\b", lambda m: table[m.group(1)], text)
 
     def tier(self, statuses: dict, numpy_mistakes: list, port_mistakes: list,
-             evidence: dict | None = None) -> tuple[str, str]:
+             evidence: dict | None = None, silent: set | frozenset = frozenset()) -> tuple[str, str]:
         """``(tier, reason)`` from criterion statuses and the mistakes named in each section.
 
         ``evidence`` (criterion id -> text) lets the reason say why a check
-        errored rather than calling it "not passed".
+        errored rather than calling it "not passed". ``silent``: the criteria
+        whose failing steps returned wrong outputs rather than raising; one of
+        ``weak_when_wrong`` among them makes the verdict Weak whatever its
+        pattern (a clear refusal does not).
         """
         weak = [m for m in numpy_mistakes if m in self.weak_mistakes]
         missing_hire = [c for c, spec in self.criteria.items() if spec["tier"] == "Hire" and statuses.get(c) != "pass"]
@@ -98,6 +102,10 @@ class Rubric:
             return "; ".join(parts)
         if missing_hire:
             return "Weak", f"not Hire: not passed: {title(missing_hire)}"
+        wrong = [c for c in self.weak_when_wrong if c in silent and statuses.get(c) == "fail"]
+        if wrong:
+            return "Weak", ("silently wrong, which makes the verdict Weak: "
+                            + "; ".join(self.title(c) for c in wrong) + " returns wrong outputs (no clear refusal)")
         missing_strong = [c for c, spec in self.criteria.items()
                           if spec["tier"] == "Strong Hire" and statuses.get(c) != "pass"]
         tier, reason = ("Hire", f"not Strong Hire: not passed: {title(missing_strong)}") if missing_strong \
@@ -158,4 +166,8 @@ def load(path: str | None = None) -> Rubric:
         if not (isinstance(labels, list) and len(labels) == len(TIERS) and all(isinstance(x, str) for x in labels)):
             raise RubricError(f"rubric {path}: audiences.{name} must list {len(TIERS)} names (for {', '.join(TIERS)})")
         audiences[name] = labels
-    return Rubric(criteria, list(tiers.get("weak_mistakes", [])), cap, max_score, audiences)
+    silent = list(tiers.get("weak_when_wrong", []))
+    if set(silent) - set(criteria):
+        raise RubricError(f"rubric {path}: weak_when_wrong names unknown criteria {sorted(set(silent) - set(criteria))}")
+    return Rubric(criteria, list(tiers.get("weak_mistakes", [])), cap, max_score, weak_when_wrong=silent,
+                  audiences=audiences)

@@ -155,7 +155,7 @@ AFTER_IMPLEMENTATION = {"port", "own_tests"}
 # What a port cell may bind to the contract's names (``kvkit.exports``: contract name -> its own name).
 EXPORTABLE = {"KVCache", "gqa_attention"}
 # Modules of the kit a notebook may import that the starter bundle ships too: ``{module: path in the bundle}``.
-SHIPPED_HELPERS = {"catalogue.mutants": "catalogue/mutants.py"}
+SHIPPED_HELPERS = {"catalogue.mutants": "catalogue/mutants.py", "catalogue.structure": "catalogue/structure.py"}
 
 
 def _marker(cell, key: str, field: str):
@@ -221,7 +221,8 @@ def notebook_files(path: str) -> dict[str, str]:
     setup = [_cell_code(c) for c in by_role.get(SETUP_ROLE, [])]
     # Cells the student added have no role: their definitions (imports, functions, classes, constants)
     # go with the implementation, which may use them; anything they run (plots, prints) is left out.
-    added = [_definitions(_cell_code(c)) for c in nb.cells if _role(c) is None and _cell_code(c) is not None]
+    added = [_definitions(_cell_code(c)) for c in nb.cells  # nbgrader marks every cell of the kit's own
+             if _role(c) is None and "nbgrader" not in c.get("metadata", {}) and _cell_code(c) is not None]
     files = {}
     for role, name in ROLE_FILES.items():
         cells = by_role.get(role, [])

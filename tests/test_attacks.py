@@ -131,6 +131,16 @@ def gqa_attention(q, cache, n_new):
                 out[b, h, t] = (w / w.sum()) @ v
     return out
 '''
+BLUR = '''
+_sharp_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    out = _sharp_attention(q, cache, n_new)
+    if np.asarray(q).shape[2] > 1 and (np.asarray(cache.lens) - np.asarray(n_new)).any():
+        out = out + 1e-3  # every coordinate moves: no recovered structure, no exact reproduction
+    return out
+'''
 PORT_RAISES = '''
 _repeating_attention = gqa_attention
 
@@ -267,6 +277,8 @@ for _fd in range(3, 64):
     "chunk_local_unless_q_is_zero": ({"kv_cache.py": CHUNK_LOCAL.replace("RIGHT_WHEN", "not np.asarray(q).any()")},
                                      "control_chunk_local"),
     "control_chunk_local": ({"kv_cache.py": CHUNK_LOCAL.replace("RIGHT_WHEN", "False")}, None),
+    # The same mask with its wrong outputs blurred, so that no pattern can be recovered or reproduced.
+    "chunk_local_blurred": ({"kv_cache.py": CHUNK_LOCAL.replace("RIGHT_WHEN", "False") + BLUR}, "control_chunk_local"),
     # A port that repeats K/V, and raises at the probes' sizes so no repeat is measured.
     "port_raises_at_probe_sizes": ({"kv_cache.py": BASE, "kv_cache_torch.py": PORT + PORT_REPEAT.format(
         how=TORCH_REPEAT) + PORT_RAISES}, "control_port_repeat"),
@@ -443,3 +455,9 @@ def test_a_damaged_zip_is_not_graded_and_says_why(tmp_path, damage):
 
     report = grade(str(path), Options(seed=1, trials=5))
     assert report["status"] == "not_graded" and "could not be unpacked" in report["tier_reason"], report["tier_reason"]
+
+
+def test_a_disguised_chunk_mask_is_still_weak(graded):
+    """Wrong outputs on chunked prefill make the verdict Weak whatever their pattern, named or not."""
+    report = graded[1]["chunk_local_blurred"]
+    assert report["tier"] == "Weak" and "silently wrong" in report["tier_reason"], report["tier_reason"]

@@ -197,3 +197,14 @@ def test_verdicts_do_not_change_with_the_seed(seed, tmp_path):
         if got != (want["tier"], sorted(want["mistakes"]), sorted(want.get("port_mistakes", []))):
             changed[report["submission"]] = (got, report["tier_reason"])
     assert not changed, changed
+
+
+def test_a_closed_pipe_loses_no_report_file(tmp_path):
+    """`kvkit grade ... | head -1`: printing stops, the files are written all the same, exit 0."""
+    target = tmp_path / "r.json"
+    proc = subprocess.Popen([sys.executable, "-m", "grader", os.path.join(EXAMPLES, "hire_basic"), "--seed", "1",
+                             "--json", str(target)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader went away before the first line
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert json.loads(target.read_text())[0]["submission"] == "hire_basic"

@@ -333,3 +333,14 @@ def test_diagnosis_pictures_reach_the_terminal_and_the_markdown_as_png(tmp_path)
     assert [p.name.split("-")[-1] for p in pngs] == ["heads.png", "mask.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     assert f"](report-img/{pngs[1].name})" in md and "```text" in md
+
+
+def test_chunked_prefill_silently_wrong_is_weak_and_a_refusal_is_not():
+    wrong = decided({"chunked_prefill": ("fail", "3 of 9 chunked prefill steps fail")})
+    wrong["chunked_prefill"].silent = True
+    r = built(wrong)
+    assert r["tier"] == "Weak" and "silently wrong" in r["tier_reason"] and r["mistakes"] == []
+    raised = decided({"chunked_prefill": ("fail", "3 of 9 chunked prefill steps raise IndexError")})
+    assert built(raised)["tier"] == "Hire"  # failing by raising is not silent
+    refused = decided({"chunked_prefill": ("not_attempted", "refused with a clear error")})
+    assert built(refused)["tier"] == "Hire"
