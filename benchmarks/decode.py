@@ -19,7 +19,10 @@ over an array far larger than the last-level cache. Compared in the same rounds:
   read per step;
 - the NumPy reference and the port again with one thread each (OpenBLAS and
   torch's OpenMP; set through ``benchmarks/threads.py`` around those calls only),
-  to show what the default thread count costs or gains on this machine.
+  to show what the default thread count costs or gains on this machine;
+- the tuned copies of both (``benchmarks/tuned.py``: ``tuned_numpy`` on the NumPy
+  cache, ``tuned_torch`` on the port's), each right after its family's read pass,
+  so that it never follows a step that has just read the same K/V.
 
 Figure 3. The same live length (``RESERVATION_LIVE`` = 448 tokens) in a
 reservation of 8,192 and of 512: the time of a decode step in the large one over
@@ -43,6 +46,7 @@ import torch.nn.functional as F
 from benchmarks.opprofile import profile_numpy, profile_torch
 from benchmarks.threads import openblas_threads, setter
 from benchmarks.timing import interleaved
+from benchmarks.tuned import tuned_numpy, tuned_torch
 from solutions import kv_cache as ref
 from solutions import kv_cache_torch as port
 
@@ -133,12 +137,14 @@ def live_views(s: DecodeSetup) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def step_variants(s: DecodeSetup) -> dict:
-    """The four decode-step attentions of figure 2, as zero-argument callables."""
+    """The decode-step attentions of figure 2 (reading copies, tuned copies, SDPA, repeat), as zero-argument callables."""
     k, v = live_views(s)
     G = s.shape.group
     return {
         "numpy": lambda: ref.gqa_attention(s.q_np, s.np_cache, s.ones_np),
         "torch": lambda: port.gqa_attention(s.q_torch, s.torch_cache, s.ones_torch),
+        "tuned_numpy": lambda: tuned_numpy(s.q_np, s.np_cache, s.ones_np),
+        "tuned_torch": lambda: tuned_torch(s.q_torch, s.torch_cache, s.ones_torch),
         "sdpa": lambda: F.scaled_dot_product_attention(s.q_torch, k, v, enable_gqa=True),
         "repeat": lambda: F.scaled_dot_product_attention(
             s.q_torch, k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)),
@@ -146,7 +152,7 @@ def step_variants(s: DecodeSetup) -> dict:
 
 
 def outputs_agree(s: DecodeSetup) -> float:
-    """Largest absolute difference between the four variants' outputs (float32; about 1e-6 expected)."""
+    """Largest absolute difference between the variants' outputs (float32; about 1e-6 expected)."""
     outs = [torch.as_tensor(np.asarray(f())) for f in step_variants(s).values()]
     return float(max((o - outs[0]).abs().max() for o in outs[1:]))
 
@@ -158,7 +164,7 @@ def read_buffer(nbytes: int) -> torch.Tensor:
 
 def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int = 0,
                    profile_calls: int = 5, repeat_every: int = 3, budget_s: float | None = None) -> dict:
-    """Figure 2: time the four variants and the two read passes in ``rounds`` interleaved rounds.
+    """Figure 2: time the decode variants and the two read passes in ``rounds`` interleaved rounds.
 
     Args:
         shape: the decode shape (``DecodeShape()`` for the published figure).
@@ -172,7 +178,10 @@ def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int =
     Returns a dict (seconds, bytes per second, fractions): ``read_bw_bytes_per_s``
     (the faster of the two read passes) and each pass's, ``decode_*_seconds``,
     ``decode_*_bytes_per_s`` (live K/V bytes over seconds), the four figures the
-    issue names, the append's seconds, the op profiles and the thread counts.
+    issue names, the tuned copies' (``decode_tuned_torch_fraction_of_read_bw``,
+    ``decode_tuned_torch_vs_sdpa``, ``decode_tuned_*_vs_*``: the reading copy's
+    seconds over the tuned one's), the append's seconds, the op profiles and the
+    thread counts.
     """
     with torch.inference_mode():
         s = build(shape, seed)
@@ -190,13 +199,16 @@ def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int =
         # The appends of the decode token are undone (lens back to live - 1)
         # before each call. The ``*_1thread`` variants are the same steps with one
         # thread (OpenBLAS for NumPy, OpenMP for torch): what the default thread
-        # count costs or gains on a small shared machine.
+        # count costs or gains on a small shared machine. The tuned copies run
+        # right after the read passes (K/V not just read by another step).
         variants = {
             "read_numpy": lambda: big_np.sum(),
+            "tuned_numpy": steps["tuned_numpy"],
             "numpy": steps["numpy"],
             "append_numpy": lambda: s.np_cache.append(k1.numpy(), v1.numpy(), s.ones_np),
             "numpy_1thread": steps["numpy"],
             "read_torch": lambda: big.sum(),
+            "tuned_torch": steps["tuned_torch"],
             "torch": steps["torch"],
             "sdpa": steps["sdpa"],
             "repeat": steps["repeat"],
@@ -221,6 +233,10 @@ def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int =
         profiles = {"numpy": profile_numpy(variants["numpy"], s.np_cache, profile_calls)}
         settle()
         profiles["torch"] = profile_torch(variants["torch"], profile_calls)
+        settle()
+        profiles["tuned_numpy"] = profile_numpy(variants["tuned_numpy"], s.np_cache, profile_calls)
+        settle()
+        profiles["tuned_torch"] = profile_torch(variants["tuned_torch"], profile_calls)
         del big, big_np, s
 
     read_np = read_bytes / t["read_numpy"].best
@@ -239,20 +255,24 @@ def decode_figures(shape: DecodeShape, rounds: int, read_bytes: int, seed: int =
         "decode_outputs_max_abs_diff": agree,
         "decode_rounds": len(t["numpy"].samples),
     }
-    for name in ("numpy", "torch", "sdpa", "repeat", "numpy_1thread", "torch_1thread"):
+    for name in ("numpy", "torch", "sdpa", "repeat", "numpy_1thread", "torch_1thread", "tuned_numpy", "tuned_torch"):
         out[f"decode_{name}_seconds"] = t[name].best
         out[f"decode_{name}_median_seconds"] = t[name].median
         out[f"decode_{name}_bytes_per_s"] = live_bytes / t[name].best
         out[f"decode_{name}_fraction_of_read_bw"] = live_bytes / t[name].best / read_bw
     # A check on the minima: the same fractions taken round by round (each decode
     # step against the faster read pass of its own round), then the median.
-    for name in ("numpy", "torch", "sdpa"):
+    for name in ("numpy", "torch", "sdpa", "tuned_numpy", "tuned_torch"):
         per_round = [live_bytes / step / (read_bytes / min(a, b))
                      for step, a, b in zip(t[name].samples, t["read_numpy"].samples, t["read_torch"].samples)]
         out[f"decode_{name}_fraction_of_read_bw_round_median"] = float(np.median(per_round))
     out["decode_torch_vs_sdpa"] = t["sdpa"].best / t["torch"].best
     out["decode_repeat_vs_torch"] = t["repeat"].best / t["torch"].best
     out["decode_numpy_vs_torch"] = t["numpy"].best / t["torch"].best
+    # The tuned copies: against SDPA, and how many times faster than the reading copies.
+    out["decode_tuned_torch_vs_sdpa"] = t["sdpa"].best / t["tuned_torch"].best
+    out["decode_tuned_torch_vs_torch"] = t["torch"].best / t["tuned_torch"].best
+    out["decode_tuned_numpy_vs_numpy"] = t["numpy"].best / t["tuned_numpy"].best
     out["append_numpy_seconds"] = t["append_numpy"].best
     out["append_torch_seconds"] = t["append_torch"].best
     out["decode_profile"] = {name: [[op, sec, shapes] for op, sec, shapes in ops] for name, ops in profiles.items()}
