@@ -30,7 +30,8 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvkit grade", description=__doc__.split("\n\n")[0])
     p.add_argument("submissions", nargs="*", metavar="SUBMISSION",
-                   help="a directory, a .py file, a .ipynb notebook, or a folder of them (default: the bundled examples)")
+                   help="a directory, a .zip of one, a .py file, a .ipynb notebook, or a folder of them "
+                        "(default: the bundled examples)")
     p.add_argument("--json", metavar="FILE", help="write the reports as JSON (a list; a directory: one file each)")
     p.add_argument("--markdown", metavar="FILE", help="write the reports as Markdown")
     p.add_argument("--gradescope", metavar="FILE", help="write Gradescope's results.json (one submission)")
@@ -40,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=200, help="random trials (at least 200 for a verdict; default 200)")
     p.add_argument("--rubric", metavar="FILE", help="a rubric TOML file (default: grader/rubric.toml)")
     p.add_argument("--out", metavar="DIR", help="write each report into DIR/<name>.json as it completes, "
-                                                "plus summary.md and summary.csv")
+                                                "plus summary.md, summary.csv and grades.csv")
     p.add_argument("--resume", action="store_true", help="with --out: skip submissions already graded there")
     p.add_argument("--isolation", choices=["auto", "process", "namespaces"], default="auto",
                    help="process: child process and limits; namespaces: also Linux namespaces (auto: the best available)")

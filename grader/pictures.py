@@ -47,7 +47,8 @@ def save(picture: dict, kind: str, path: str) -> str:
         for t, empty in enumerate(picture.get("empty") or []):
             if empty:
                 axes[0][0].text(width - 0.4, t, f" +{empty} empty", va="center", fontsize=8, color="red")
-        fig.suptitle(f"row {picture['row']}, query head {picture['head']}", fontsize=9)
+        fig.suptitle(f"row {picture['row']}, query head {picture['head']}: dark = a key the query sees",
+                     fontsize=9)
     else:
         heads = np.arange(len(picture["right"]))
         fig, ax = plt.subplots(figsize=(1.5 + 0.35 * len(heads), 2.6))

@@ -37,9 +37,10 @@ def status_counts(reports: list[dict]) -> Counter:
 def rates(reports: list[dict]) -> list[tuple[str, str, int, int]]:
     """``(criterion id, title, passed, attempted)`` for each criterion over the graded reports, in rubric order.
 
-    A criterion not attempted (an optional section left out) counts neither as passed nor in the total.
+    An optional section left out (``counted`` false in the report) counts neither as passed nor in the
+    total; a required one not attempted (no cost.py, no own tests) counts as not passed.
     """
-    return [(cid, title, counts["pass"], total - counts["not_attempted"])
+    return [(cid, title, counts["pass"], total - counts["left_out"])
             for cid, title, counts, total in _criterion_counts(reports)]
 
 
@@ -54,6 +55,9 @@ def _criterion_counts(reports: list[dict]) -> list[tuple[str, str, Counter, int]
                 statuses[cid] = Counter()
             graded[cid] += 1
             statuses[cid][c.get("status")] += 1
+            if not c.get("counted", True) or ("counted" not in c and c.get("status") == "not_attempted"
+                                              and c.get("tier") == "none"):
+                statuses[cid]["left_out"] += 1  # an optional section not attempted
     return [(cid, titles[cid], statuses[cid], graded[cid]) for cid in order]
 
 
@@ -89,7 +93,7 @@ def markdown(reports: list[dict], elapsed_s: float | None = None, rubric=None, a
     lines += [f"| {md(label(t))} | {counts.get(t, 0)} | {_rate(counts.get(t, 0), n_graded)} |" for t in TIERS]
     lines += ["", "| criterion | passed | rate | failed | not attempted | not measured |", "| --- | --- | --- | --- | --- | --- |"]
     for _, title, status, total in _criterion_counts(reports):
-        attempted = total - status["not_attempted"]
+        attempted = total - status["left_out"]
         lines.append(f"| {md(title)} | {status['pass']}/{attempted} | {_rate(status['pass'], attempted)} | "
                      f"{status['fail']} | {status['not_attempted']} | {status['error']} |")
     mistakes = mistake_counts(reports)
@@ -177,5 +181,5 @@ def print_summary(reports: list[dict], console, rubric=None, audience: str = "hi
                        + f"  |  not graded: {statuses.get('not_graded', 0)}, grader errors: {statuses.get('grader_error', 0)}"))
     ranked = sorted((row for row in rates(reports) if row[3]), key=lambda row: row[2] / row[3])[:3]
     if ranked:
-        console.print(Text("lowest pass rates (of the graded that attempted it): "
+        console.print(Text("lowest pass rates (of the graded; an optional section left out does not count): "
                            + ", ".join(f"{title} {_rate(passed, total)}" for _, title, passed, total in ranked)))

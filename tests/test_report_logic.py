@@ -49,13 +49,15 @@ def test_summary_counts_each_status_apart():
     assert grades[0].startswith("submission,status,tier") and any(",not_graded,," in row for row in grades)
 
 
-def test_not_attempted_counts_neither_for_nor_against_a_rate():
+def test_an_optional_section_left_out_counts_neither_for_nor_against_a_rate():
     a, b = graded("a", "Strong Hire"), graded("b", "Weak")
     for c in b["criteria"]:
         if c["id"] == "torch_port":
-            c["status"] = "not_attempted"
+            c["status"], c["counted"] = "not_attempted", False
+        if c["id"] == "cost_model":  # required for Strong Hire: not attempted is not passed
+            c["status"], c["counted"] = "not_attempted", True
     rates = {cid: (passed, total) for cid, _, passed, total in summary.rates([a, b])}
-    assert rates["torch_port"] == (1, 1)
+    assert rates["torch_port"] == (1, 1) and rates["cost_model"] == (1, 2)
 
 
 def test_class_audience_never_reads_hiring_words():
