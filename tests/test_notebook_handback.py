@@ -74,7 +74,8 @@ def chunk_local_report(tmp_path_factory):
 def test_the_solved_notebook_earns_the_tier_of_its_sections(solved_report):
     report = solved_report
     statuses = {c["id"]: c["status"] for c in report["criteria"]}
-    assert report["status"] == "graded" and report["tier"] == "Strong Hire", (report["tier_reason"], statuses)
+    evidence = {c["id"]: c["evidence"] for c in report["criteria"] if c["status"] != "pass"}
+    assert report["status"] == "graded" and report["tier"] == "Strong Hire", (report["tier_reason"], evidence)
     # Graded from the cells that hold them, not "not_attempted" for want of a file.
     assert statuses["cost_model"] == statuses["own_tests"] == statuses["torch_port"] == "pass", statuses
     assert report["mistakes"] == [] and report["score"] == report["max_score"]
