@@ -97,7 +97,7 @@ class StepVerdict:
     padding: str = "none"  # "none" (no padded slot), "zero", "finite", "nonfinite"
     dtype_ok: bool = True
     buffers_moved: bool = False  # the cache's k/v were other objects after this step's append
-    chunk_after_prefix: bool = False  # T > 1 and some row appends after cached tokens (a refusable call)
+    chunk_after_prefix: bool = False  # some row appends 2+ tokens after cached tokens (a refusable call)
 
 
 @dataclass
@@ -133,7 +133,8 @@ def compare(trials: list[Trial], records: list, outputs: list, expected: list) -
         for i, step in enumerate(trial.steps):
             verdict = StepVerdict(trial, i, kinds[i], "not_run")
             if not step.overflow:
-                verdict.chunk_after_prefix = step.q.shape[2] > 1 and bool(((lens > 0) & (step.n_new > 0)).any())
+                # A chunk for some row: more than one token to a row that holds tokens already.
+                verdict.chunk_after_prefix = bool(((lens > 0) & (step.n_new > 1)).any())
                 lens = lens + step.n_new
             result.steps.append(verdict)
             record = steps_rec[i] if i < len(steps_rec) else None

@@ -259,6 +259,11 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
         answer, comparison, outputs = _trials_section(session, "numpy", trials, expected, plan)
     except MALFORMED as exc:
         return _malformed(name, options, level, started, notes, session, exc)
+    if answer is None and not session.tasks_started:
+        # The sandbox never reached a task: no submission code ran, so this is the kit's (or the machine's) failure.
+        return {**_error_report(name, options, f"the sandbox did not start ({comparison}); the submission was not "
+                                f"run: check the grader's Python and isolation", started, status="grader_error"),
+                "isolation": level, "notes": notes}
     if answer is None:
         # The candidate's code ran and failed (import error, crash, hang): graded, with the reason.
         report = _error_report(name, options, f"kv_cache.py: {comparison}", started)

@@ -346,3 +346,17 @@ def test_chunked_prefill_silently_wrong_is_weak_and_a_refusal_is_not():
     assert built(raised)["tier"] == "Hire"  # failing by raising is not silent
     refused = decided({"chunked_prefill": ("not_attempted", "refused with a clear error")})
     assert built(refused)["tier"] == "Hire"
+
+
+def test_a_sandbox_that_never_reaches_a_task_is_a_grader_error(monkeypatch):
+    """No submission code ran (the grader's Python or isolation is broken): never a Weak verdict."""
+    from grader import run as run_mod
+    from grader.sandbox.launch import SessionResult
+
+    def never_starts(workdir, plan, limits, wrap, port=False, meanwhile=None):
+        return {"numpy": SessionResult(reason="the sandbox ended before every task ran"), "meanwhile": meanwhile()}
+
+    monkeypatch.setattr(run_mod, "run_sessions", never_starts)
+    r = grade_mod.grade(os.path.join(os.path.dirname(report.__file__), "..", "catalogue", "examples", "hire_basic"),
+                        grade_mod.Options(seed=1, trials=5))
+    assert r["status"] == "grader_error" and r["tier"] is None and "did not start" in r["tier_reason"]

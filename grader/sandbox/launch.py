@@ -117,6 +117,7 @@ class SessionResult:
     output_bytes: int = 0
     memory_limit_hit: bool = False
     notes: list = field(default_factory=list)
+    tasks_started: int = 0  # "ready" events: 0 means the sandbox never reached a task (no submission code ran)
 
 
 def site_dirs() -> list[str]:
@@ -530,6 +531,7 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
             return
         event = obj.get("ev")
         if event == "ready":
+            result.tasks_started += 1
             if group is not None:
                 group.reset_peak()
                 # The baseline is the fresh sandbox's usage, before any task: memory an earlier task left
