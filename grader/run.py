@@ -219,7 +219,8 @@ def preimports(workdir: str, files: list[str]) -> dict:
     in trusted form. The NumPy session never loads the port; the port's may load ``kv_cache``."""
     installed = installed_modules()
     keep = lambda names: [n for n in names  # noqa: E731
-                          if n.split(".")[0] in installed and all(p.isidentifier() for p in n.split("."))]
+                          if n.split(".")[0] in installed and all(p.isidentifier() for p in n.split("."))
+                          and "__main__" not in n.split(".")]
     numpy_files = [f for f in files if f != "kv_cache_torch.py"]
     torch_files = [f for f in files if f in ("kv_cache_torch.py", "kv_cache.py")]
     return {"numpy": keep(imported_names(workdir, numpy_files)), "torch": keep(imported_names(workdir, torch_files))}

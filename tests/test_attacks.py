@@ -284,6 +284,10 @@ for _fd in range(3, 64):
         how=TORCH_REPEAT) + PORT_RAISES}, "control_port_repeat"),
     # The submission rewrites the answers of the task that runs it, to break the protocol.
     "answers_rewritten": ({"kv_cache.py": weak() + REWRITE_ANSWERS}, "control_repeat"),
+    # An import that never runs names a module whose import runs a program and exits: preimported in the
+    # trusted first process, it once ended the sandbox before any task, which read as the kit's failure.
+    "preimport_that_exits": ({"kv_cache.py": weak() + "\nif False:\n    import unittest.__main__\n"},
+                             "control_repeat"),
     "honest_imports_torch_and_matplotlib": ({"kv_cache.py": BASE.replace(
         "import math\n", "import math\n\nimport matplotlib\nimport torch\n", 1)}, None),
 }
@@ -461,3 +465,9 @@ def test_a_disguised_chunk_mask_is_still_weak(graded):
     """Wrong outputs on chunked prefill make the verdict Weak whatever their pattern, named or not."""
     report = graded[1]["chunk_local_blurred"]
     assert report["tier"] == "Weak" and "silently wrong" in report["tier_reason"], report["tier_reason"]
+
+
+def test_naming_a_module_that_exits_on_import_still_gets_a_verdict(graded):
+    report = graded[1]["preimport_that_exits"]
+    assert report["status"] == "graded" and report["tier"] == "Weak" and "kv_repeat" in report["mistakes"], \
+        report["tier_reason"]

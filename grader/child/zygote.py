@@ -319,9 +319,11 @@ def main(argv: list) -> int:
     # Trusted code first: everything the tasks need, and every installed module the
     # submission names, is imported before any submission file can shadow it.
     for name in ["numpy"] + list(job.get("preimport", [])):
+        if "__main__" in name.split("."):
+            continue  # a module's __main__ runs a program on import (unittest.__main__ exits)
         try:
             __import__(name)
-        except Exception:  # noqa: BLE001 - an installed module that fails to import is the tasks' problem
+        except BaseException:  # noqa: BLE001 - a module that fails (or exits) on import is the tasks' problem
             pass
     if "torch" in sys.modules:
         torch = sys.modules["torch"]
