@@ -16,10 +16,10 @@ demo: $(STAMP)
 	$(VENV)/bin/kvkit grade --jobs 2
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist loadgroup -q
 
 test-all: $(STAMP)
-	$(PY) -m pytest -n 2 -q -m ''
+	$(PY) -m pytest -n 2 --dist loadgroup -q -m ''
 
 bench: $(STAMP)
 	$(VENV)/bin/kvkit bench

@@ -21,7 +21,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from grader import report as report_mod
-from grader.grade import SCHEMA, Options, grade
+from grader.grade import SCHEMA, Options, grade, prepare_inputs
 from grader.rubric import AUDIENCES, RubricError, load as load_rubric
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "catalogue", "examples")
@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                         finished(path, report)
                         progress.advance(task)
         else:
+            prepare_inputs(options)  # once, here: the workers are forked from this process and share them
             pool = ProcessPoolExecutor(max_workers=args.jobs, initializer=_worker_init)
             try:
                 with Progress(console=console, transient=True) as progress, stop.deferred():

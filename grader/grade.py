@@ -234,6 +234,18 @@ def grade(path: str, options: Options | None = None) -> dict:
         launch.remove_tree(workdir)
 
 
+def prepare_inputs(options: Options) -> None:
+    """Write the inputs of ``options.seed``'s trials and probes (about 300 MiB, see ``run.job_data``) now,
+    and list the installed modules (``run.installed_modules``).
+
+    ``grade`` does both on first use in each process; a batch calls this
+    before it forks its ``--jobs`` workers, which then share them.
+    """
+    run_mod.installed_modules()
+    run_mod.job_data(run_mod.Plan(seed=options.seed, trials=suite.hidden_suite(options.seed, options.trials),
+                                  probes=run_mod.probes(options.seed)))
+
+
 def _grade_dir(name, workdir, files, options, started) -> dict:
     iso = options.isolation
     level = iso.level if iso else "process (rlimits, -I -S, private directory)"

@@ -24,6 +24,20 @@ def test_files(workdir: str) -> list[str]:
     return [os.path.relpath(p, workdir) for p in found]
 
 
+def _exit_code(run: dict) -> int | None:
+    """pytest's exit code from one variant's answer, or None when pytest did not finish there."""
+    code = run.get("exit")
+    return code if isinstance(code, int) and not isinstance(code, bool) and code >= 0 else None
+
+
+def _why_not_run(run: dict) -> str:
+    """Why pytest did not finish on a variant, from its answer (text of the child's: data)."""
+    error = run.get("error")
+    if isinstance(error, dict):
+        error = f"{error.get('type', '')}: {error.get('message', '')}"
+    return str(error or "pytest did not finish")[:200]
+
+
 def _first_failure(run: dict) -> str:
     failed = run.get("failed") or []
     return f" (first failure: {str(failed[0])[:200]})" if failed else ""
@@ -50,8 +64,11 @@ def criterion(session, files: list[str], task_of=None) -> Criterion:
     if inspected:
         return Criterion("own_tests", "fail", "the tests inspect the implementation instead of calling it: "
                          + "; ".join(str(s)[:120] for s in inspected[:3]))
-    code = lambda v: runs[v].get("exit") if v in runs else None  # noqa: E731
+    code = lambda v: _exit_code(runs[v]) if v in runs else None  # noqa: E731
     base = code("none")
+    if base is None:
+        return Criterion("own_tests", "error", "own tests could not be run on the submission: "
+                         + _why_not_run(runs["none"]))
     if base == 5:
         return Criterion("own_tests", "fail", "pytest collected no test from the submission's test files")
     if base != 0:
@@ -63,11 +80,19 @@ def criterion(session, files: list[str], task_of=None) -> Criterion:
         return Criterion("own_tests", "error", f"own tests did not finish on the control (the submission wrapped "
                          f"with no change in behaviour): {why}; the variants run two at a time within the "
                          f"session's time, so tests that take long on one run may not finish them all")
+    if code(mutants.CONTROL) is None:
+        return Criterion("own_tests", "error", "own tests could not be run on the control (the submission "
+                         "wrapped with no change in behaviour): " + _why_not_run(runs[mutants.CONTROL]))
     if code(mutants.CONTROL) != 0:
         return Criterion("own_tests", "fail", "own tests fail on the submission wrapped with no change in "
                          "behaviour: they detect the grader's wrapping, not mistakes"
                          + _first_failure(runs.get(mutants.CONTROL, {})))
     matrix = mutants.kill_matrix({v: code(v) for v in runs})
+    if KEY_MUTANT in matrix["not_run"]:
+        # Whether the tests catch it is unknown: no guess either way.
+        why = _why_not_run(runs[KEY_MUTANT]) if KEY_MUTANT in runs else "the run did not report"
+        return Criterion("own_tests", "error", f"own tests pass on the submission, but the run on {KEY_MUTANT} "
+                         f"did not finish ({why}); " + matrix["summary"])
     status = "pass" if matrix["caught_must"] else "fail"
     prefix = "pass on the submission; " if status == "pass" else f"pass on the submission but miss {KEY_MUTANT}; "
     return Criterion("own_tests", status, prefix + matrix["summary"])

@@ -40,3 +40,20 @@ def example_reports(tmp_path_factory):
     with open(out / "all.json") as f:
         reports = json.load(f)
     return {r["submission"]: r for r in reports}, (out / "all.md").read_text(), out / "tmp"
+
+
+# The end-to-end batches, by the fixture that grades them: each batch's tests run on one xdist worker
+# (``--dist loadgroup``, see the Makefile), so no worker waits on a lock while another grades, and the
+# largest groups start first.
+BATCH_GROUPS = {"example_reports": "examples", ("test_attacks.py", "graded"): "attacks",
+                ("test_hostile.py", "graded"): "hostile"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        for key, group in BATCH_GROUPS.items():
+            module, fixture = key if isinstance(key, tuple) else (None, key)
+            if fixture in fixtures and (module is None or item.path.name == module):
+                item.add_marker(pytest.mark.xdist_group(group))

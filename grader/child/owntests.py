@@ -94,6 +94,19 @@ def _stack(frame):
         frame = frame.f_back
 
 
+def plugin_args() -> list[str]:
+    """pytest's ``-p`` options for the candidate's tests: Hypothesis's plugin where it is installed.
+
+    The sandbox turns off the automatic loading of every installed plugin
+    (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``, see ``grader/sandbox/launch.py``): scanning
+    them costs about a second per session, and tests of this contract need none
+    of them but Hypothesis's.
+    """
+    import importlib.util
+
+    return ["-p", "_hypothesis_pytestplugin"] if importlib.util.find_spec("_hypothesis_pytestplugin") else []
+
+
 def _wrapped_module(original, plant, variant: str):
     """A module like ``original`` with KVCache and gqa_attention replaced by the variant's proxies."""
     shim = types.ModuleType("kv_cache")
@@ -144,7 +157,7 @@ def run(task: dict, job: dict) -> dict:
     saved = sys.stdout, sys.stderr
     sys.stdout = sys.stderr = out
     try:
-        code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=",
+        code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", *plugin_args(), "-o", "addopts=",
                             "--import-mode=append", "--rootdir", workdir, "-rf", "--tb=line", *files])
     except BaseException as exc:  # noqa: BLE001
         code = -1

@@ -314,9 +314,12 @@ def probe_tokens(seed: int, kv_heads: int, head_dim: int, total: int, start: int
     k_base, v_base, _ = probe_parts(seed, kv_heads, head_dim, period, 0)
     s = np.arange(start, start + count)
     a, b = probe_scales(s, total)
-    k = k_base[:, s % period] * a[None, :, None].astype(np.float32)
-    v = v_base[:, s % period] * b[None, :, None].astype(np.float32)
-    return k[None].astype(np.float32), v[None].astype(np.float32)
+    rows = s % period
+    k = np.take(k_base, rows, axis=1)  # a new float32 array, scaled in place below (no second copy)
+    v = np.take(v_base, rows, axis=1)
+    k *= a[None, :, None].astype(np.float32)
+    v *= b[None, :, None].astype(np.float32)
+    return k[None], v[None]
 
 
 def probe_scales(s, total: int):

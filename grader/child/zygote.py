@@ -107,7 +107,7 @@ def _hand_secret(task: dict, write_fd: int, lock=None) -> None:
         protocol.write_all(write_fd, secret.encode())
     except OSError:
         pass
-    os.close(write_fd)
+    _close_tracked(write_fd)
     del secret
 
 
@@ -171,6 +171,20 @@ _OPEN = set()  # the zygote's ends of every task's pipes: no task process may ke
 _FORKING = None  # a lock around pipe creation and fork (set in main when tasks run side by side)
 
 
+def _close_tracked(fd: int) -> None:
+    """Close one of the zygote's pipe ends and forget it, as one step between forks.
+
+    Closing frees the descriptor's number for the next pipe another thread makes;
+    were it still in ``_OPEN`` at that thread's fork, the new task process would
+    close its own pipe (its answer or its variant lost).
+    """
+    import contextlib
+
+    with (_FORKING or contextlib.nullcontext()):
+        _OPEN.discard(fd)
+        os.close(fd)
+
+
 def _fork_task(task: dict, job: dict, tasks, lock=None):
     """Fork the task's process; ``(pid, read_fd, rss_kib, started)``.
 
@@ -188,7 +202,7 @@ def _fork_task(task: dict, job: dict, tasks, lock=None):
         pid = os.fork()
         if pid == 0:  # the task process: nothing of the zygote's channel or of other tasks survives into it
             try:
-                for fd in _OPEN | {read, secret_write} - {None} - mine:
+                for fd in (_OPEN | {read, secret_write}) - {None} - mine:
                     try:
                         os.close(fd)
                     except OSError:
@@ -208,7 +222,6 @@ def _fork_task(task: dict, job: dict, tasks, lock=None):
             _OPEN.add(secret_write)
     if secret_write is not None:
         _hand_secret(task, secret_write, lock)
-        _OPEN.discard(secret_write)
     return pid, read, rss, started
 
 
@@ -254,8 +267,7 @@ def _finish_task(task, pid, read, rss, started, lock=None) -> str:
     else:
         status, usage = waited
     wall = time.monotonic() - started
-    os.close(read)
-    _OPEN.discard(read)
+    _close_tracked(read)
     if lock is None:
         _sweep_leftovers(pid)
     else:
@@ -284,7 +296,7 @@ def _finish_task(task, pid, read, rss, started, lock=None) -> str:
     return stopped
 
 
-def _warm_pytest(job_dir: str) -> None:
+def _warm_pytest(job_dir: str, plugins: list) -> None:
     """Load pytest's plugins once, here, on a path that holds no test: each own-tests process
     forked afterwards starts warm (about a second saved per variant)."""
     import io
@@ -295,7 +307,7 @@ def _warm_pytest(job_dir: str) -> None:
         # In the kit's job folder (no submission file there), with conftest files and ini files off:
         # nothing of the submission may run in this process, which every task is forked from.
         os.chdir(job_dir)
-        sys.modules["pytest"].main(["-q", "-p", "no:cacheprovider", "--noconftest", "-c", os.devnull, "--co",
+        sys.modules["pytest"].main(["-q", "-p", "no:cacheprovider", *plugins, "--noconftest", "-c", os.devnull, "--co",
                                     "--rootdir", job_dir, "--confcutdir", job_dir,
                                     os.path.join(job_dir, "no-tests-here.py")])
     except BaseException:  # noqa: BLE001 - a cold start is slower, not wrong
@@ -333,11 +345,10 @@ def main(argv: list) -> int:
     import numpy
 
     (numpy.ones((4, 4)) @ numpy.ones((4, 4))).sum()
+    owntests = _load_sibling("owntests") if any(t.get("kind") == "owntests" for t in job["tasks"]) else None
     if "pytest" in sys.modules:
-        _warm_pytest(job_dir)
+        _warm_pytest(job_dir, owntests.plugin_args() if owntests else [])
     tasks = _load_sibling("tasks")
-    if any(t.get("kind") == "owntests" for t in job["tasks"]):
-        _load_sibling("owntests")
     tasks.prepare(job_dir, job)
     _non_dumpable()
     serial = [t for t in job["tasks"] if not t.get("parallel")]

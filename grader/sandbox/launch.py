@@ -131,6 +131,8 @@ def child_env(workdir: str) -> dict:
     env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           # The own tests' pytest loads only the plugins named (grader/child/owntests.py, plugin_args).
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "USER": "sandbox", "LOGNAME": "sandbox"}
     # Some processors need these for OpenBLAS to compute correctly (see the env notes).
     for key in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
