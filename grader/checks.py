@@ -74,9 +74,32 @@ def check(name: str, KVCache, gqa_attention, seed: int = 0, count: int = 40) -> 
     Raises:
         ValueError: an unknown ``name``.
     """
-    if name not in NAMES:
-        raise ValueError(f"name must be one of {', '.join(NAMES)}; got {name!r}")
+    return check_all([name], KVCache, gqa_attention, seed, count)[name]
+
+
+def check_all(names, KVCache, gqa_attention, seed: int = 0, count: int = 40) -> dict:
+    """``{name: CheckResult}`` for several of ``check``'s names at once: the checks of outputs share one
+    run of the trials (``check`` on each name would run them again each time).
+
+    Raises:
+        ValueError: an unknown name among ``names`` (before anything runs).
+    """
+    unknown = [n for n in names if n not in NAMES]
+    if unknown:
+        raise ValueError(f"name must be one of {', '.join(NAMES)}; got {unknown[0]!r}")
     module = types.SimpleNamespace(KVCache=KVCache, gqa_attention=gqa_attention)
+    shared: dict = {}
+
+    def comparison():
+        if "run" not in shared:
+            shared["run"] = _comparison(module, seed, count)
+        return shared["run"]
+
+    return {name: _decide(name, module, comparison) for name in names}
+
+
+def _decide(name: str, module, comparison) -> CheckResult:
+    """One check; ``comparison()`` gives the outputs of the trials compared with the oracle."""
     if name == "preallocated_in_place":
         result = meters.judge_in_place(_probe(meters.probe_in_place, module))
     elif name == "overflow_atomic":
@@ -93,7 +116,7 @@ def check(name: str, KVCache, gqa_attention, seed: int = 0, count: int = 40) -> 
                                     or "append writes in place; attention copies no K/V",
                                     [m for m in named if m != "error"])
     else:
-        comparison = _comparison(module, seed, count)
+        comparison = comparison()
         if name == "head_mapping":
             result = criteria.head_mapping(comparison)
         elif name == "padding":

@@ -18,12 +18,15 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES_SEED = 11
+EXAMPLES_TRIALS = 30  # random trials per example (the targeted, structure and overflow trials come on top)
 
 
 @pytest.fixture(scope="session")
 def example_reports(tmp_path_factory):
     """``(reports by submission name, Markdown text, the temp folder the grader used)``."""
-    shared = tmp_path_factory.getbasetemp().parent  # one folder for every xdist worker of this run
+    base = tmp_path_factory.getbasetemp()
+    # One folder for every xdist worker of this run; without xdist, this run's own (never an earlier run's).
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     out = shared / "example-reports"
     with open(shared / "example-reports.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -32,7 +35,7 @@ def example_reports(tmp_path_factory):
             tmp.mkdir(parents=True, exist_ok=True)
             env = dict(os.environ, TMPDIR=str(tmp))  # what the grader leaves there is checked
             done = subprocess.run([sys.executable, "-m", "grader", "--seed", str(EXAMPLES_SEED), "--jobs", "2",
-                                   "--quiet", "--trials", "60", "--json", str(out / "all.json"),
+                                   "--quiet", "--trials", str(EXAMPLES_TRIALS), "--json", str(out / "all.json"),
                                    "--markdown", str(out / "all.md")],
                                   cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
             (out / "stderr.txt").write_text(done.stderr)

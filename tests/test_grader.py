@@ -20,7 +20,7 @@ with open(os.path.join(EXAMPLES, "expected.toml"), "rb") as f:
     EXPECTED = tomllib.load(f)
 with open(os.path.join(ROOT, "docs", "report.schema.json")) as f:
     REPORT_SCHEMA = json.load(f)
-SEED = 11  # the seed tests/conftest.py grades the examples with
+from conftest import EXAMPLES_SEED as SEED, EXAMPLES_TRIALS  # noqa: E402 - how tests/conftest.py grades the examples
 
 
 def kvkit(*args, timeout=600):
@@ -91,7 +91,7 @@ MEASURED = {"live_length", "no_kv_repeat", "preallocated_in_place", "torch_port"
 def test_same_seed_same_report_but_timings(example_reports, tmp_path):
     """Grading again with the seed and trials of the examples run gives the same report."""
     reports, _, _ = example_reports
-    done = kvkit(os.path.join(EXAMPLES, "chunk_local_mask"), "--seed", str(SEED), "--trials", "60", "--quiet",
+    done = kvkit(os.path.join(EXAMPLES, "chunk_local_mask"), "--seed", str(SEED), "--trials", str(EXAMPLES_TRIALS), "--quiet",
                  "--json", str(tmp_path / "again.json"))
     assert done.returncode == 0, done.stderr[-2000:]
     again = json.loads((tmp_path / "again.json").read_text())[0]
