@@ -128,10 +128,12 @@ def _measured_criteria(runs: dict, explain: list, decode_ok: bool = True) -> dic
     scan = {p.name: (p, t, e) for p, t, e in runs.get("scan", [])}
     grow = runs.get("grow", [])
     copy_s = run_mod.copy_seconds(grow[0][0].live_bytes) if grow else 0.0
+    in_place = criteria_mod.in_place(grow, copy_s, explain=explain)
     return {
-        "preallocated_in_place": criteria_mod.in_place(grow, copy_s, explain=explain),
+        "preallocated_in_place": in_place,
         "no_kv_repeat": criteria_mod.no_repeat(runs.get("memory", []), decode_ok),
-        "live_length": criteria_mod.live_length(scan["scan-small"], scan["scan-large"], decode_ok),
+        "live_length": criteria_mod.live_length(scan["scan-small"], scan["scan-large"], decode_ok,
+                                                appends_copy=in_place.status == "fail"),
     }
 
 

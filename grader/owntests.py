@@ -40,7 +40,7 @@ def _why_not_run(run: dict) -> str:
 
 def _first_failure(run: dict) -> str:
     failed = run.get("failed") or []
-    return f" (first failure: {str(failed[0])[:200]})" if failed else ""
+    return f" (first failure: {str(failed[0])[:300]})" if failed else ""
 
 
 def criterion(session, files: list[str], task_of=None) -> Criterion:

@@ -6,6 +6,7 @@ import importlib.util
 import os
 import types
 
+import numpy as np
 import pytest
 
 from catalogue import mutants
@@ -90,3 +91,21 @@ def test_a_task_process_keeps_its_own_pipe_whatever_the_zygote_still_lists():
             os.close(fd)
     assert stopped == "" and waited is not None
     assert answer == b"answer"
+
+
+def _scan_run(max_len: int, cpu_s: float):
+    """A live-length probe run as the criterion reads it: ``(probe, task, expected output)``."""
+    probe = types.SimpleNamespace(config={"max_len": max_len, "decodes": 32, "live": 8387})
+    task = types.SimpleNamespace(why=lambda: "", answer={"records": [[]]}, blob=np.zeros(4).tobytes(), cpu_s=cpu_s)
+    return probe, task, np.zeros(4)
+
+
+@pytest.mark.parametrize("appends_copy,status,named", [(False, "fail", ["max_len_scan"]), (True, "error", [])])
+def test_a_slow_large_reservation_names_max_len_scan_only_when_the_appends_do_not_copy(appends_copy, status, named):
+    """Each decode step of the probe appends a token first: when appends copy the cache, the large
+    reservation's cost may be theirs, and the attention's scan cannot be told apart (no guess)."""
+    from grader import criteria
+
+    crit = criteria.live_length(_scan_run(8400, 0.1), _scan_run(8 * 8400, 0.6), appends_copy=appends_copy)
+    assert (crit.status, crit.mistakes) == (status, named), crit.evidence
+    assert "6.0x" in crit.evidence

@@ -107,6 +107,20 @@ def plugin_args() -> list[str]:
     return ["-p", "_hypothesis_pytestplugin"] if importlib.util.find_spec("_hypothesis_pytestplugin") else []
 
 
+class _Failures:
+    """A pytest plugin that keeps each failed test's id and its error on one line (an explanation in the
+    report, never a verdict: the exit code decides)."""
+
+    def __init__(self):
+        self.seen: list[str] = []
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.failed and len(self.seen) < 3:
+            crash = getattr(report.longrepr, "reprcrash", None)
+            message = " ".join(str(crash.message if crash is not None else report.longrepr).split())
+            self.seen.append(f"{report.nodeid} - {message}"[:300])
+
+
 def _wrapped_module(original, plant, variant: str):
     """A module like ``original`` with KVCache and gqa_attention replaced by the variant's proxies."""
     shim = types.ModuleType("kv_cache")
@@ -156,16 +170,19 @@ def run(task: dict, job: dict) -> dict:
     out = io.StringIO()
     saved = sys.stdout, sys.stderr
     sys.stdout = sys.stderr = out
+    failures = _Failures()
     try:
         code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", *plugin_args(), "-o", "addopts=",
-                            "--import-mode=append", "--rootdir", workdir, "-rf", "--tb=line", *files])
+                            "--import-mode=append", "--rootdir", workdir, "-rf", "--tb=line", *files],
+                           plugins=[failures])
     except BaseException as exc:  # noqa: BLE001
         code = -1
         out.write(f"{type(exc).__name__}: {exc}")
     finally:
         sys.stdout, sys.stderr = saved
     text = out.getvalue()
-    failed = [line[len("FAILED "):].strip()[:200] for line in text.splitlines() if line.startswith("FAILED ")]
+    failed = failures.seen or [line[len("FAILED "):].strip()[:200] for line in text.splitlines()
+                                if line.startswith("FAILED ")]
     return {"exit": int(code), "failed": failed[:3], "inspected": list(watch.seen), "tail": text[-400:]}
 
 

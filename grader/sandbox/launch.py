@@ -93,7 +93,7 @@ class TaskResult:
     def why(self) -> str:
         """Why the task has no usable answer, in words ("" when it has one)."""
         if self.stopped == "timeout":
-            return "did not finish in time (a hang or an endless loop?)"
+            return "did not finish in time (a hang, an endless loop, or work far beyond what the sizes call for?)"
         if self.stopped == "oversized":
             return "sent an answer larger than the grader reads"
         if self.signal:
@@ -570,8 +570,8 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
         elif event == "end":
             stopped = [t.name for t in result.tasks.values() if t.stopped == "timeout"]
             if stopped and len(result.tasks) < len(job["tasks"]):
-                result.reason = (f"{stopped[0]} did not finish in time; the tasks after it were not run "
-                                 "(a hang or an endless loop?)")
+                result.reason = (f"{' and '.join(stopped)} did not finish in time; the tasks after "
+                                 f"{'them' if len(stopped) > 1 else 'it'} were not run (a hang or an endless loop?)")
             return
         else:
             result.reason = "malformed answer from the sandbox (an unknown event)"
