@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 from catalogue import mutants
 from grader.criteria import Criterion
@@ -39,8 +40,12 @@ def _why_not_run(run: dict) -> str:
 
 
 def _first_failure(run: dict) -> str:
+    """The first failing test and its error, numbers to 3 significant digits (the report prints no long value)."""
     failed = run.get("failed") or []
-    return f" (first failure: {str(failed[0])[:300]})" if failed else ""
+    if not failed:
+        return ""
+    text = re.sub(r"-?\d+\.\d{4,}(?:[eE][-+]?\d+)?", lambda m: f"{float(m.group()):.3g}", str(failed[0])[:300])
+    return f" (first failure: {text})"
 
 
 def criterion(session, files: list[str], task_of=None) -> Criterion:

@@ -109,3 +109,10 @@ def test_a_slow_large_reservation_names_max_len_scan_only_when_the_appends_do_no
     crit = criteria.live_length(_scan_run(8400, 0.1), _scan_run(8 * 8400, 0.6), appends_copy=appends_copy)
     assert (crit.status, crit.mistakes) == (status, named), crit.evidence
     assert "6.0x" in crit.evidence
+
+
+def test_the_first_failure_is_shown_whole_with_short_numbers():
+    failed = ["test_mine.py::test_chunk - AssertionError: Not equal to tolerance step [3, 4] "
+              "0.23489566434578266 (ACTUAL), 0.24955872234790916 (DESIRED) 1.5e-07"]
+    crit = owntests.criterion(_session(_all(none={"exit": 1, "failed": failed})), ["test_mine.py"])
+    assert "step [3, 4] 0.235 (ACTUAL), 0.25 (DESIRED)" in crit.evidence, crit.evidence
