@@ -288,10 +288,12 @@ def in_place(runs: list, copy_s: float, explain: list | None = None) -> Criterio
                          f"cache, or a table as large as max_len x max_len), holds far more than the live K/V")
     memory = (task.memory_bytes - base.memory_bytes) / live
     copies = max(task.cpu_s - base.cpu_s, 0.0) / copy_s if copy_s > 0 else 0.0
+    shown = round(copies)
     text = (f"{probe.config['appends']} one-token appends after a prefill of {probe.config['live']:,} tokens at "
-            f"{_layout(probe.config)} ({_mib(live)} live): {memory:+.2f}x the live K/V in peak memory and "
-            f"{max(task.cpu_s - base.cpu_s, 0) * 1e3:.0f} ms CPU (the time of about {copies:.0f} copies of the "
-            f"cache; copying it on every append would be about {probe.config['appends']}) beyond the prefill alone")
+            f"{_layout(probe.config)} ({_mib(live)} live): {max(memory, 0.0):+.2f}x the live K/V in peak memory "
+            f"and {max(task.cpu_s - base.cpu_s, 0) * 1e3:.0f} ms CPU (the time of "
+            f"{'less than one copy' if shown == 0 else f'about {shown} cop' + ('y' if shown == 1 else 'ies')} of "
+            f"the cache; copying it on every append would be about {probe.config['appends']}) beyond the prefill alone")
     if memory >= GROWTH_FRACTION or copies >= GROWTH_COPIES:
         extra = "; ".join(explain or [])
         return Criterion(cid, "fail", text + ": the cache is copied as it grows"

@@ -228,6 +228,7 @@ def grade(path: str, options: Options | None = None) -> dict:
             return _error_report(name, options, "; ".join(shadows), started)
         report = _grade_dir(name, workdir, files, options, started)
         if aside:
+            _say_stubs_set_aside(report, aside)
             report.setdefault("notes", []).insert(
                 0, f"set aside {len(aside)} file(s) of the starter bundle, handed back unchanged (not graded as "
                    f"the candidate's work): " + ", ".join(aside))
@@ -289,6 +290,23 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
         return _evaluate(name, options, level, started, plan, sessions, answer, comparison, outputs, files, notes)
     except MALFORMED as exc:
         return _malformed(name, options, level, started, notes, session, exc)
+
+
+# The optional parts a starter stub stands for: a criterion "not attempted" because its file is the stub.
+STUB_OF = {"cost_model": lambda f: f == "cost.py", "torch_port": lambda f: f == "kv_cache_torch.py",
+           "own_tests": lambda f: "/" not in f and f.startswith("test_")}  # the bundle's own test_mine.py
+
+
+def _say_stubs_set_aside(report: dict, aside: list[str]) -> None:
+    """A part not attempted because the candidate handed back the bundle's unfilled stub says so."""
+    for crit in report.get("criteria") or []:
+        stub = STUB_OF.get(crit.get("id"))
+        if stub is None or crit.get("status") != "not_attempted":
+            continue
+        stubs = [f for f in aside if stub(f)]
+        if stubs:
+            crit["evidence"] = (f"{crit['evidence']} (handed back: {', '.join(stubs)}, the starter bundle's "
+                                f"unfilled stub{'s' if len(stubs) > 1 else ''}, set aside)")
 
 
 # What reading the child's answers may raise: they are data written by untrusted code.

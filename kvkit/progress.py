@@ -452,7 +452,9 @@ def render(results: list[Result], folder: Path, out: Out, prog: str) -> None:
     for text in current.failure.splitlines() or ["(no message)"]:
         out.line(("  ", ""), (text, "red"))
     out.line("")
-    hint_cmd = "python progress.py hint" if prog.endswith("progress.py") else "kvkit hint"
+    hint_cmd = "python progress.py hint" if "progress.py" in prog else "kvkit hint"
+    if " --dir " in prog:
+        hint_cmd += " --dir " + prog.split(" --dir ", 1)[1]
     stuck = (f" Stuck? `{hint_cmd}` ({len(step.hints)} hint{'s' if len(step.hints) != 1 else ''} for this step, "
              f"one at a time)." if step.hints else "")
     out.line(f"Fix it and save; `{prog} --watch` reruns on every save.{stuck}")
@@ -504,7 +506,8 @@ def progress_main(argv: list[str] | None = None, console=None, prog: str = "kvki
             runs += 1
             if args.watch:
                 out.clear()
-            render(results, folder, out, prog)
+            # The commands it suggests name the folder when it was given (else they would run the default one).
+            render(results, folder, out, f"{prog} --dir {args.dir}" if args.dir else prog)
             code = 0 if all(r.status == "done" for r in results) else 1
             if not args.watch or (args.max_runs is not None and runs >= args.max_runs):
                 return code

@@ -325,7 +325,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{'with' if args.hints else 'without'} hints).")
     if args.zip:
         print(f"Wrote {write_zip(outdir)}")
-    print(f"The candidate starts with: cd {outdir.name} && pip install -r requirements.txt && python progress.py")
+    who = "A learner" if args.hints else "The candidate"
+    print(f"{who} starts with: cd {outdir} && pip install -r requirements.txt && python progress.py "
+          f"(step 6 needs torch: see requirements.txt)")
     return 0
 
 

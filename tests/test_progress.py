@@ -71,7 +71,9 @@ def test_fresh_copy_shows_step_1_pending_with_its_goal_and_failure(tmp_path):
     assert f"Goal: {steps[0].goal}" in out
     assert "First failing check: test_step1_cache.py::" in out
     assert "step 1: KVCache.__init__ (kv_cache.py, line" in out and "NotImplementedError" in out
-    assert "kvkit hint" in out
+    # the commands it suggests act on the folder it was given, not on the default one
+    flat = " ".join(out.split())
+    assert f"kvkit progress --dir {folder} --watch" in flat and f"kvkit hint --dir {folder}" in flat, out
 
 
 def test_a_copy_filled_with_the_reference_is_all_done(tmp_path):

@@ -228,3 +228,8 @@ def test_a_whole_working_folder_grades_like_the_clean_hand_back(tmp_path):
     assert (z["tier"], z["score"], z["mistakes"]) == (b["tier"], b["score"], b["mistakes"]), z["tier_reason"]
     assert any("set aside" in n and "progress.py" in n for n in a["notes"])
     assert not any("set aside" in n for n in b["notes"])
+    # The parts left as stubs say so, rather than reading as files the candidate forgot.
+    said = {c["id"]: c["evidence"] for c in a["criteria"]}
+    assert "kv_cache_torch.py, the starter bundle's unfilled stub" in said["torch_port"], said["torch_port"]
+    assert "test_mine.py, the starter bundle's unfilled stub" in said["own_tests"], said["own_tests"]
+    assert "stub" not in {c["id"]: c["evidence"] for c in b["criteria"]}["torch_port"]

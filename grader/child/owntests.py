@@ -117,8 +117,10 @@ class _Failures:
     def pytest_runtest_logreport(self, report) -> None:
         if report.failed and len(self.seen) < 3:
             crash = getattr(report.longrepr, "reprcrash", None)
-            message = " ".join(str(crash.message if crash is not None else report.longrepr).split())
-            self.seen.append(f"{report.nodeid} - {message}"[:300])
+            lines = str(crash.message if crash is not None else report.longrepr).splitlines()
+            # pytest's own advice and "+ where" expansions (array reprs) say nothing to a reader of the report
+            kept = [ln for ln in lines if not ln.strip().startswith(("+", "Use -v", "Full diff"))][:8]
+            self.seen.append(f"{report.nodeid} - {' '.join(' '.join(kept).split())}"[:300])
 
 
 def _wrapped_module(original, plant, variant: str):
