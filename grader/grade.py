@@ -162,9 +162,9 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
     try:
         answer, comparison, outputs = _trials_section(session, "torch", trials, expected, plan)
     except MALFORMED as exc:
-        return criteria_mod.Criterion("torch_port", "error", f"the port's outputs are malformed: {exc}"), {}, []
+        return _port_not_judged(session, plan, f"the port's outputs are malformed: {exc}")
     if answer is None:
-        return criteria_mod.Criterion("torch_port", "error", f"kv_cache_torch.py: {comparison}"), {}, []
+        return _port_not_judged(session, plan, f"kv_cache_torch.py: {comparison}")
     crits = _correctness_criteria(comparison, _outputs_by_trial(trials, outputs))
     named, _ = _name_mistakes(crits, comparison, _outputs_by_trial(trials, outputs))
     measured = _measured_criteria(_probe_runs(session, "torch", plan), [], decode_ok=crits["decode"].status == "pass")
@@ -187,6 +187,22 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
     evidence = (f"{len(comparison.steps)} steps match the reference; "
                 + "; ".join(c.evidence for c in measured.values()))
     return criteria_mod.Criterion("torch_port", "pass", evidence), {}, notes
+
+
+def _port_not_judged(session, plan, why: str) -> tuple[criteria_mod.Criterion, dict, list]:
+    """The port's hidden trials gave no answer: its probes still count. A repeat or a copy they measured is
+    named (and caps the tier); a probe that could not measure either caps it too, as a port that ran
+    nothing could otherwise hide a repeat by failing only where the outputs are judged."""
+    measured = _measured_criteria(_probe_runs(session, "torch", plan), [])
+    named = {m: c.evidence for c in measured.values() for m in c.mistakes}
+    if named:
+        return (criteria_mod.Criterion("torch_port", "fail", f"{why}; port mistakes: {', '.join(sorted(named))}",
+                                       sorted(named)), named, [])
+    result = criteria_mod.Criterion("torch_port", "error", why)
+    unmeasured = [c.id for c in measured.values() if c.status == "error" and c.id != "live_length"]
+    if unmeasured:
+        result.caps = f"the port ran no hidden trial and its {', '.join(unmeasured)} probe could not measure it"
+    return result, {}, []
 
 
 def _error_report(name, options, reason, started, status: str = "not_graded") -> dict:

@@ -141,6 +141,15 @@ def gqa_attention(q, cache, n_new):
         out = out + 1e-3  # every coordinate moves: no recovered structure, no exact reproduction
     return out
 '''
+PORT_EXITS_SMALL = '''
+_repeating_port_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    if cache.k.numel() * cache.k.element_size() < 2**20:
+        __import__("os")._exit(0)
+    return _repeating_port_attention(q, cache, n_new)
+'''
 PORT_RAISES = '''
 _repeating_attention = gqa_attention
 
@@ -282,6 +291,10 @@ for _fd in range(3, 64):
     # A port that repeats K/V, and raises at the probes' sizes so no repeat is measured.
     "port_raises_at_probe_sizes": ({"kv_cache.py": BASE, "kv_cache_torch.py": PORT + PORT_REPEAT.format(
         how=TORCH_REPEAT) + PORT_RAISES}, "control_port_repeat"),
+    # A port that repeats K/V and ends its process on the hidden trials' small caches, so that no output
+    # is judged: the probes still measured the repeat.
+    "port_repeat_exits_on_small_caches": ({"kv_cache.py": BASE, "kv_cache_torch.py": PORT + PORT_REPEAT.format(
+        how=TORCH_REPEAT) + PORT_EXITS_SMALL}, "control_port_repeat"),
     # The submission rewrites the answers of the task that runs it, to break the protocol.
     "answers_rewritten": ({"kv_cache.py": weak() + REWRITE_ANSWERS}, "control_repeat"),
     # An import that never runs names a module whose import runs a program and exits: preimported in the
@@ -344,7 +357,7 @@ def test_repeat_is_measured_wherever_it_lives(graded, case):
     assert report["tier"] == "Weak"
 
 
-@pytest.mark.parametrize("case", ["control_port_repeat", "port_repeat_through_numpy"])
+@pytest.mark.parametrize("case", ["control_port_repeat", "port_repeat_through_numpy", "port_repeat_exits_on_small_caches"])
 def test_a_port_repeat_is_measured_however_it_is_made(graded, case):
     report = graded[1][case]
     port = {c["id"]: c for c in report["criteria"]}["torch_port"]
