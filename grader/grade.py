@@ -178,11 +178,15 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
         first = next((f"{c.id}: {c.evidence}" for c in failed), "")
         text = f"port mistakes: {', '.join(sorted(named)) or 'none named'}" + (f"; {first}" if first else "")
         result = criteria_mod.Criterion("torch_port", "fail", text, sorted(named))
-        # A port whose memory or growth probe raised cannot be measured: it caps the tier as a measured
-        # mistake would, or failing at the probes' size would hide a repeat.
-        unmeasured = [c.id for c in measured.values() if c.status == "error" and c.id != "live_length"]
-        if unmeasured:
-            result.caps = f"the port's {', '.join(unmeasured)} probe raised: it could not be measured"
+        # A port that works somewhere but whose memory or growth probe gave no clean figure caps the tier as
+        # a measured mistake would: else raising at the probes' size, or a scratch buffer that lifts the
+        # prefill past its limit, would hide a repeat or a copy. A port right nowhere hides nothing: it is
+        # unfinished, graded 0 without a cap (deleting it would do as well).
+        worked = any(st.status == "ok" and st.kind in ("decode", "full_prefill", "chunked_prefill", "ragged")
+                     for st in comparison.steps)
+        unclear = _unclear_measures(measured)
+        if unclear and worked:
+            result.caps = f"the port's {', '.join(unclear)} probe gave no clean figure: it could not be measured"
         return result, named, notes
     evidence = (f"{len(comparison.steps)} steps match the reference; "
                 + "; ".join(c.evidence for c in measured.values()))
@@ -199,10 +203,17 @@ def _port_not_judged(session, plan, why: str) -> tuple[criteria_mod.Criterion, d
         return (criteria_mod.Criterion("torch_port", "fail", f"{why}; port mistakes: {', '.join(sorted(named))}",
                                        sorted(named)), named, [])
     result = criteria_mod.Criterion("torch_port", "error", why)
-    unmeasured = [c.id for c in measured.values() if c.status == "error" and c.id != "live_length"]
-    if unmeasured:
-        result.caps = f"the port ran no hidden trial and its {', '.join(unmeasured)} probe could not measure it"
+    unclear = _unclear_measures(measured)
+    worked = [c.id for c in measured.values() if c.status == "pass"]
+    if unclear and worked:  # it ran at the probes' sizes, yet one figure is unclear: as in _torch_section
+        result.caps = f"the port ran no hidden trial and its {', '.join(unclear)} probe gave no clean figure"
     return result, {}, []
+
+
+def _unclear_measures(measured: dict) -> list[str]:
+    """The Hire-tier measured criteria (growth, repeat) that neither passed nor named a mistake."""
+    return [c.id for c in measured.values()
+            if c.id != "live_length" and c.status in ("error", "fail") and not c.mistakes]
 
 
 def _error_report(name, options, reason, started, status: str = "not_graded") -> dict:

@@ -19,6 +19,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = open(os.path.join(ROOT, "solutions", "kv_cache.py")).read()
 PORT = open(os.path.join(ROOT, "solutions", "kv_cache_torch.py")).read()
+# A NumPy part, cost model and own tests that earn Strong Hire: what a port's cap would take away.
+STRONG = {name: open(os.path.join(ROOT, "catalogue", "examples", "strong_hire", name)).read()
+          for name in ("kv_cache.py", "cost.py", "test_kv_cache.py")}
 # The port materialises K/V per query head: with torch (the control), or through NumPy (the attack,
 # out of sight of any torch op watch).
 PORT_REPEAT = '''
@@ -149,6 +152,31 @@ def gqa_attention(q, cache, n_new):
     if cache.k.numel() * cache.k.element_size() < 2**20:
         __import__("os")._exit(0)
     return _repeating_port_attention(q, cache, n_new)
+'''
+PORT_COPIES = '''
+_honest_port_append = KVCache.append
+
+
+def _copying_append(self, k_new, v_new, n_new):
+    _honest_port_append(self, k_new, v_new, n_new)
+    self._appends = getattr(self, "_appends", 0) + 1
+    if self._appends % 30 == 0:  # reallocate-and-copy now and then: old and new buffers held at once
+        self.k, self.v = self.k.clone(), self.v.clone()
+
+
+KVCache.append = _copying_append
+'''
+PORT_BIG_SCRATCH = '''
+_copying_port_append = KVCache.append
+
+
+def _scratch_append(self, k_new, v_new, n_new):
+    if k_new.shape[2] > 1000:  # a large prefill: a throwaway buffer lifts its peak past the limit
+        torch.ones(3 * self.k.numel(), dtype=self.k.dtype).sum()
+    _copying_port_append(self, k_new, v_new, n_new)
+
+
+KVCache.append = _scratch_append
 '''
 PORT_RAISES = '''
 _repeating_attention = gqa_attention
@@ -295,6 +323,11 @@ for _fd in range(3, 64):
     # is judged: the probes still measured the repeat.
     "port_repeat_exits_on_small_caches": ({"kv_cache.py": BASE, "kv_cache_torch.py": PORT + PORT_REPEAT.format(
         how=TORCH_REPEAT) + PORT_EXITS_SMALL}, "control_port_repeat"),
+    # A port that copies its cache as it grows, beside a Strong Hire NumPy part, and the same port with a
+    # scratch buffer at large prefills, so the growth probe's figure is unclear rather than a named copy.
+    "control_port_copies": ({**STRONG, "kv_cache_torch.py": PORT + PORT_COPIES}, None),
+    "port_copies_behind_a_big_prefill": ({**STRONG, "kv_cache_torch.py": PORT + PORT_COPIES + PORT_BIG_SCRATCH},
+                                         "control_port_copies"),
     # The submission rewrites the answers of the task that runs it, to break the protocol.
     "answers_rewritten": ({"kv_cache.py": weak() + REWRITE_ANSWERS}, "control_repeat"),
     # An import that never runs names a module whose import runs a program and exits: preimported in the
