@@ -175,15 +175,17 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
     failed = [c for c in [*crits.values(), *measured.values(), overflow]
               if c.status == "fail" or (c.status == "error" and c.id != "chunked_prefill")]
     if named or failed:
+        worked = any(st.status == "ok" and st.kind in ("decode", "full_prefill", "chunked_prefill", "ragged")
+                     for st in comparison.steps)
         first = next((f"{c.id}: {c.evidence}" for c in failed), "")
-        text = f"port mistakes: {', '.join(sorted(named)) or 'none named'}" + (f"; {first}" if first else "")
+        text = (f"port mistakes: {', '.join(sorted(named)) or 'none named'}" if worked or named else
+                "unfinished: no hidden trial gives a right output (0 points; it hides nothing, so it caps nothing)")
+        text += f"; {first}" if first else ""
         result = criteria_mod.Criterion("torch_port", "fail", text, sorted(named))
         # A port that works somewhere but whose memory or growth probe gave no clean figure caps the tier as
         # a measured mistake would: else raising at the probes' size, or a scratch buffer that lifts the
         # prefill past its limit, would hide a repeat or a copy. A port right nowhere hides nothing: it is
         # unfinished, graded 0 without a cap (deleting it would do as well).
-        worked = any(st.status == "ok" and st.kind in ("decode", "full_prefill", "chunked_prefill", "ragged")
-                     for st in comparison.steps)
         unclear = _unclear_measures(measured)
         if unclear and worked:
             result.caps = f"the port's {', '.join(unclear)} probe gave no clean figure: it could not be measured"

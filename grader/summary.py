@@ -159,6 +159,15 @@ def write(reports: list[dict], out_dir: str, elapsed_s: float | None = None, rub
     write_text_atomic(os.path.join(out_dir, "grades.csv"), csv_text(reports, rubric, audience))
 
 
+def _mistakes_cell(report: dict) -> str:
+    """The named mistakes, the port's marked (a port mistake caps the tier; the same name in NumPy is Weak)."""
+    port = list(report.get("port_mistakes") or [])
+    numpy_side = report.get("numpy_mistakes")
+    if numpy_side is None:  # reports of older kits
+        numpy_side = [m for m in report.get("mistakes", []) if m not in port]
+    return "; ".join(filter(None, [", ".join(numpy_side), f"port: {', '.join(port)}" if port else ""]))
+
+
 def print_summary(reports: list[dict], console, rubric=None, audience: str = "hiring") -> None:
     from rich.table import Table
     from rich.text import Text
@@ -173,7 +182,7 @@ def print_summary(reports: list[dict], console, rubric=None, audience: str = "hi
     table.add_column("mistakes")
     for r in reports:
         table.add_row(Text(clean(r.get("submission"), 200)), Text(headline(r, rubric, audience)),
-                      f"{r.get('score', 0):g}", Text(clean(", ".join(r.get("mistakes", [])))
+                      f"{r.get('score', 0):g}", Text(clean(_mistakes_cell(r))
                                                      or ("-" if status_of(r) == "graded" else clean(r.get("error"), 80))))
     console.print(table)
     counts, statuses = tier_counts(reports), status_counts(reports)

@@ -360,3 +360,14 @@ def test_a_sandbox_that_never_reaches_a_task_is_a_grader_error(monkeypatch):
     r = grade_mod.grade(os.path.join(os.path.dirname(report.__file__), "..", "catalogue", "examples", "hire_basic"),
                         grade_mod.Options(seed=1, trials=5))
     assert r["status"] == "grader_error" and r["tier"] is None and "did not start" in r["tier_reason"]
+
+
+def test_the_batch_table_marks_the_ports_mistakes():
+    """A name in the port caps the tier; the same name in NumPy is Weak: the table keeps them apart."""
+    from grader.summary import _mistakes_cell
+
+    assert _mistakes_cell({"mistakes": ["kv_repeat"], "numpy_mistakes": [], "port_mistakes": ["kv_repeat"]}) \
+        == "port: kv_repeat"
+    assert _mistakes_cell({"mistakes": ["chunk_local_mask", "kv_repeat"], "numpy_mistakes": ["chunk_local_mask"],
+                           "port_mistakes": ["kv_repeat"]}) == "chunk_local_mask; port: kv_repeat"
+    assert _mistakes_cell({"mistakes": []}) == ""
