@@ -175,8 +175,7 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
     failed = [c for c in [*crits.values(), *measured.values(), overflow]
               if c.status == "fail" or (c.status == "error" and c.id != "chunked_prefill")]
     if named or failed:
-        worked = any(st.status == "ok" and st.kind in ("decode", "full_prefill", "chunked_prefill", "ragged")
-                     for st in comparison.steps)
+        worked = _port_worked(session, plan, comparison)
         first = next((f"{c.id}: {c.evidence}" for c in failed), "")
         text = (f"port mistakes: {', '.join(sorted(named)) or 'none named'}" if worked or named else
                 "unfinished: no hidden trial gives a right output (0 points; it hides nothing, so it caps nothing)")
@@ -187,7 +186,7 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
         # prefill past its limit, would hide a repeat or a copy. A port right nowhere hides nothing: it is
         # unfinished, graded 0 without a cap (deleting it would do as well).
         unclear = _unclear_measures(measured)
-        if unclear and worked:
+        if unclear and (worked or _hung(session)):
             result.caps = f"the port's {', '.join(unclear)} probe gave no clean figure: it could not be measured"
         return result, named, notes
     evidence = (f"{len(comparison.steps)} steps match the reference; "
@@ -206,10 +205,28 @@ def _port_not_judged(session, plan, why: str) -> tuple[criteria_mod.Criterion, d
                                        sorted(named)), named, [])
     result = criteria_mod.Criterion("torch_port", "error", why)
     unclear = _unclear_measures(measured)
-    worked = [c.id for c in measured.values() if c.status == "pass"]
+    worked = _port_worked(session, plan) or _hung(session)
     if unclear and worked:  # it ran at the probes' sizes, yet one figure is unclear: as in _torch_section
         result.caps = f"the port ran no hidden trial and its {', '.join(unclear)} probe gave no clean figure"
     return result, {}, []
+
+
+def _port_worked(session, plan, comparison=None) -> bool:
+    """Whether the port's attention gave a right output anywhere: a hidden step of a criterion's kind, or
+    a probe's decode (its output checked whatever the hidden trials showed), so being wrong only where
+    outputs are judged does not make a port that attends at the probes' sizes "unfinished". Appends
+    alone do not count: a port whose attention is not written yet is unfinished."""
+    kinds = ("decode", "full_prefill", "chunked_prefill", "ragged")
+    if comparison is not None and any(st.status == "ok" and st.kind in kinds for st in comparison.steps):
+        return True
+    return any(probe.config.get("decodes") and criteria_mod.probe_failure(task, probe.config, expected, True) == ""
+               for runs in _probe_runs(session, "torch", plan).values() for probe, task, expected in runs)
+
+
+def _hung(session) -> bool:
+    """Whether one of the port's runs was stopped at its time limit: a port that hangs may hide anything,
+    so it is not taken for an unfinished one."""
+    return any(t.stopped == "timeout" for t in session.tasks.values()) or "wall time" in (session.reason or "")
 
 
 def _unclear_measures(measured: dict) -> list[str]:

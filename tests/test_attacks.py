@@ -178,6 +178,20 @@ def _scratch_append(self, k_new, v_new, n_new):
 
 KVCache.append = _scratch_append
 '''
+PORT_OFF_ON_SMALL_CACHES = '''
+_right_port_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    out = _right_port_attention(q, cache, n_new)
+    return out + 1e-3 if cache.k.shape[2] < 1024 else out  # wrong only where outputs are judged
+'''
+PORT_NOT_WRITTEN = '''
+
+
+def gqa_attention(q, cache, n_new):
+    raise NotImplementedError("gqa_attention: not written yet")
+'''
 PORT_RAISES = '''
 _repeating_attention = gqa_attention
 
@@ -328,6 +342,11 @@ for _fd in range(3, 64):
     "control_port_copies": ({**STRONG, "kv_cache_torch.py": PORT + PORT_COPIES}, None),
     "port_copies_behind_a_big_prefill": ({**STRONG, "kv_cache_torch.py": PORT + PORT_COPIES + PORT_BIG_SCRATCH},
                                          "control_port_copies"),
+    # ... and wrong on the hidden trials' small caches too, so that it would pass for an unfinished port.
+    "port_copies_wrong_only_on_small_caches": ({**STRONG, "kv_cache_torch.py": PORT + PORT_COPIES + PORT_BIG_SCRATCH
+                                                + PORT_OFF_ON_SMALL_CACHES}, "control_port_copies"),
+    # Not an attack: a port whose attention is not written yet hides nothing and caps nothing.
+    "unfinished_port": ({**STRONG, "kv_cache_torch.py": PORT + PORT_NOT_WRITTEN}, None),
     # The submission rewrites the answers of the task that runs it, to break the protocol.
     "answers_rewritten": ({"kv_cache.py": weak() + REWRITE_ANSWERS}, "control_repeat"),
     # An import that never runs names a module whose import runs a program and exits: preimported in the
@@ -388,6 +407,13 @@ def test_repeat_is_measured_wherever_it_lives(graded, case):
     crit = {c["id"]: c for c in report["criteria"]}["no_kv_repeat"]
     assert crit["status"] == "fail" and "kv_repeat" in report["mistakes"], crit
     assert report["tier"] == "Weak"
+
+
+def test_an_unfinished_port_costs_its_points_but_caps_nothing(graded):
+    report = graded[1]["unfinished_port"]
+    port = {c["id"]: c for c in report["criteria"]}["torch_port"]
+    assert port["status"] == "fail" and port["points"] == 0 and "unfinished" in port["evidence"], port["evidence"]
+    assert report["tier"] == "Strong Hire", report["tier_reason"]
 
 
 @pytest.mark.parametrize("case", ["control_port_repeat", "port_repeat_through_numpy", "port_repeat_exits_on_small_caches"])
