@@ -224,9 +224,10 @@ def _port_worked(session, plan, comparison=None) -> bool:
 
 
 def _hung(session) -> bool:
-    """Whether one of the port's runs was stopped at its time limit: a port that hangs may hide anything,
-    so it is not taken for an unfinished one."""
-    return any(t.stopped == "timeout" for t in session.tasks.values()) or "wall time" in (session.reason or "")
+    """Whether the port's session was cut short: a run stopped at its time limit, or the session ended
+    before its tasks did (killed, its sandbox ended). Such a port may hide anything at the probes' sizes,
+    so it is not taken for an unfinished one (a port that only raises ends every run normally)."""
+    return any(t.stopped == "timeout" for t in session.tasks.values()) or bool(session.reason)
 
 
 def _unclear_measures(measured: dict) -> list[str]:
