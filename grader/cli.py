@@ -423,14 +423,32 @@ def _remove_temp_folders(pids: set) -> None:
 def _stop_workers() -> None:
     """--jobs N: stop the pool's workers and everything they started, then remove what they left."""
     import multiprocessing
-    from multiprocessing.connection import wait as wait_for
 
     workers = multiprocessing.active_children()  # the pool's workers: this process starts no other
     pids = {worker.pid for worker in workers}
     _kill_below(pids, with_roots=True)
-    wait_for([worker.sentinel for worker in workers], timeout=WORKER_GRACE_S)
+    # Every worker must be gone before its cgroups are listed: one still dying may finish a mkdir it had
+    # under way, and a group made after the listing would be left behind.
+    wait_for_all([worker.sentinel for worker in workers], WORKER_GRACE_S)
     _remove_cgroups(pids)
     _remove_temp_folders(pids)
+
+
+def wait_for_all(sentinels: list, timeout_s: float) -> list:
+    """Wait until every one of ``sentinels`` (process sentinels, connections) is ready or ``timeout_s``
+    seconds have passed; return those still not ready. (``multiprocessing.connection.wait`` returns as soon
+    as any one is ready.)"""
+    from multiprocessing.connection import wait
+
+    deadline = time.monotonic() + timeout_s
+    waiting = list(sentinels)
+    while waiting:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready = wait(waiting, timeout=left)
+        waiting = [s for s in waiting if s not in ready]
+    return waiting
 
 
 def _stop_own_sandboxes() -> None:

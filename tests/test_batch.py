@@ -224,3 +224,25 @@ def test_ctrl_c_stops_within_2_s_and_leaves_nothing_behind(tmp_path, target, whe
         for pid in pids:
             groups += glob.glob(os.path.join("/sys/fs/cgroup", *["*"] * depth, f"kvkit-{pid}-*"))
     assert not groups, groups
+
+
+def test_the_stop_waits_for_every_worker_not_the_first(tmp_path):
+    """The Ctrl-C stop lists the workers' cgroups only once all of them are gone: a worker still dying could
+    finish a mkdir after the listing (the cause of a group left behind in CI). ``multiprocessing.connection.wait``
+    alone returns when the first worker is."""
+    import multiprocessing
+
+    from grader.cli import wait_for_all
+
+    context = multiprocessing.get_context("fork")
+    quick, slow = context.Process(target=time.sleep, args=(0,)), context.Process(target=time.sleep, args=(0.5,))
+    started = time.monotonic()
+    quick.start(), slow.start()
+    try:
+        assert wait_for_all([quick.sentinel, slow.sentinel], timeout_s=0.1) == [slow.sentinel]
+        assert wait_for_all([quick.sentinel, slow.sentinel], timeout_s=10) == []
+        assert time.monotonic() - started >= 0.5  # it waited for the slow one
+        assert not slow.is_alive()
+    finally:
+        for process in (quick, slow):
+            process.join(5)
