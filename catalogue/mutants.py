@@ -173,9 +173,10 @@ def append_as(mistake_id: str, append, cache, k_new, v_new, n_new):
 def _keeper(mistake_id: str, KVCache, gqa_attention):
     """A suspended generator that holds the variant and the wrapped implementation, and serves calls.
 
-    Its locals are reachable only through its frame (``gi_frame``) or the
-    garbage collector, both of which raise audit events: a test that reads them
-    is inspecting, not calling. The proxies below hold nothing but ``send``.
+    The proxies below hold nothing but ``send``. This runs in the learner's own
+    process (step 7, the notebook), where nothing is at stake; the grader keeps
+    the variant out of the candidate's process altogether (``grader/variants.py``
+    applies ``attention_as`` and ``append_as`` there, on the oracle).
     """
     caches, request = {}, (yield None)
     while True:

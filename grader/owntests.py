@@ -3,9 +3,11 @@
 Each variant runs in a process of its own, forked from the sandbox's trusted
 zygote (``grader/child/owntests.py``): the submission as it is (``none``), the
 control (the same wrapper as every mutant, with no change in behaviour) and
-each planted mistake. The parent reads the exit codes as data and builds the
+each planted mistake. The variant stays in the parent, which answers the
+wrapped calls (``grader/variants.py``): a test can tell a mutant only by the
+outcomes it checks. The parent reads the exit codes as data and builds the
 kill matrix. Strong Hire needs the tests to pass on the submission and on the
-control, inspect nothing, and catch ``chunk_local_mask``.
+control, and to catch ``chunk_local_mask``.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import os
 import re
 
 from catalogue import mutants
+from grader import variants
 from grader.criteria import Criterion
 
 KEY_MUTANT = mutants.MUST_CATCH
@@ -65,10 +68,6 @@ def criterion(session, files: list[str], task_of=None) -> Criterion:
         task = session.tasks.get(task_of("none")) if session else None
         why = (task.why() if task else "") or (session.reason if session else "") or "the test run did not report"
         return Criterion("own_tests", "error", f"own tests could not be run: {why}")
-    inspected = sorted({s for r in runs.values() for s in (r.get("inspected") or [])})
-    if inspected:
-        return Criterion("own_tests", "fail", "the tests inspect the implementation instead of calling it: "
-                         + "; ".join(str(s)[:120] for s in inspected[:3]))
     code = lambda v: _exit_code(runs[v]) if v in runs else None  # noqa: E731
     base = code("none")
     if base is None:
@@ -100,4 +99,19 @@ def criterion(session, files: list[str], task_of=None) -> Criterion:
                          f"did not finish ({why}); " + matrix["summary"])
     status = "pass" if matrix["caught_must"] else "fail"
     prefix = "pass on the submission; " if status == "pass" else f"pass on the submission but miss {KEY_MUTANT}; "
-    return Criterion("own_tests", status, prefix + matrix["summary"])
+    return Criterion("own_tests", status, prefix + matrix["summary"] + _kept(session, task_of))
+
+
+def _kept(session, task_of) -> str:
+    """What the evidence adds when some attention calls could carry no planted mistake (too large, or outside
+    the contract): the same under every variant, so a mutant shows only in the other calls."""
+    served = getattr(session, "served", None) or {}
+    counts = served.get(task_of(KEY_MUTANT)) or {}
+    large, kept = counts.get("too_large", 0), counts.get("kept", 0)
+    parts = []
+    if large:
+        parts.append(f"{large} call(s) too large to plant a mistake in (over {variants.MAX_WORK:,} multiply-adds; "
+                     f"smaller inputs are checked)")
+    if kept:
+        parts.append(f"{kept} call(s) outside the contract's shapes kept their own outcome")
+    return f"; {'; '.join(parts)}" if parts else ""

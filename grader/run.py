@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from catalogue import mutants
-from grader import jobs
+from grader import jobs, variants
+from grader.child import protocol
 from grader.sandbox import launch
 from grader.suite import Trial
 
@@ -335,8 +336,7 @@ def run_sessions(workdir: str, plan: Plan, limits: launch.Limits, isolation, por
     sessions run (the parent's own oracle work); its result is ``results["meanwhile"]``.
     """
     job_data(plan)  # written once, before the sessions share it
-    with open(mutants.__file__, "rb") as f:
-        files = {"mutants.py": f.read()}
+    files = {}
     import threading
 
     results = {}
@@ -350,9 +350,13 @@ def run_sessions(workdir: str, plan: Plan, limits: launch.Limits, isolation, por
                                        cpu_s=limits.cpu_s * 3, memory_bytes=limits.memory_bytes,
                                        file_bytes=limits.file_bytes, processes=limits.processes)
         try:
-            results[backend] = launch.run_session(workdir, job, files, session_limits, isolation,
-                                                  shared=[_inputs_dir()], started=started[backend],
-                                                  secrets=plan.own_variants if backend == "numpy" else {})
+            own = plan.own_variants if backend == "numpy" else {}
+            server = variants.Planted(own)
+            results[backend] = launch.run_session(
+                workdir, job, files, session_limits, isolation, shared=[_inputs_dir()], started=started[backend],
+                secrets={task: "none" if v == "none" else protocol.WRAPPED for task, v in own.items()},
+                serve=server.serve)
+            results[backend].served = server.served
         finally:
             started[backend].set()
 

@@ -16,6 +16,8 @@ import zipfile
 
 import pytest
 
+from catalogue import mutants
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = open(os.path.join(ROOT, "solutions", "kv_cache.py")).read()
 PORT = open(os.path.join(ROOT, "solutions", "kv_cache_torch.py")).read()
@@ -112,6 +114,43 @@ def _variant():
 
 def test_calls_and_knows():
     assert _variant() in ("none", "identity")
+'''
+SEARCH_TEST = '''import os
+
+SEARCH = """
+def variant():
+    import gc
+    for obj in gc.get_objects():
+        frame = getattr(obj, "gi_frame", None) if type(obj).__name__ == "generator" else None
+        names = frame.f_locals if frame is not None else {}
+        for key in ("mistake_id", "variant", "secret"):
+            if isinstance(names.get(key), str) and names[key] not in ("none", "identity", "wrapped"):
+                return names[key]
+    return None
+"""
+scope = {}
+exec(compile(SEARCH, os.path.join(os.path.dirname(os.__file__), "importlib", "_bootstrap.py"), "exec"), scope)
+
+
+def test_catches_everything():
+    import kv_cache  # noqa: F401 - the planted module is in place
+    assert scope["variant"]() is None
+'''
+IDENTITY_TEST = '''import numpy as np
+
+from kv_cache import KVCache, gqa_attention
+
+
+def test_append_writes_in_place_and_returns_plain_arrays():
+    cache = KVCache(2, 2, 8, 4, dtype=np.float32)
+    k_buffer, v_buffer = cache.k, cache.v
+    ones = np.ones((2, 2, 3, 4), np.float32)
+    cache.append(ones, ones, np.array([3, 2]))
+    assert isinstance(cache, KVCache)
+    assert cache.k is k_buffer and cache.v is v_buffer and np.shares_memory(cache.k, k_buffer)
+    assert cache.lens.tolist() == [3, 2]
+    out = gqa_attention(np.zeros((2, 4, 3, 4), np.float32), cache, np.array([3, 2]))
+    assert type(out) is np.ndarray and out.shape == (2, 4, 3, 4)
 '''
 CHUNK_LOCAL = BASE + '''
 _honest_attention = gqa_attention
@@ -336,6 +375,12 @@ for _fd in range(3, 64):
     # Own tests that read the planted variant through a profiler's frames.
     "tests_read_the_variant_with_a_profiler": ({"kv_cache.py": BASE, "test_mine.py": PROFILER_TEST},
                                                "control_no_tests"),
+    # ... or search the whole process for it, from code compiled under a file name of the standard library's
+    # (which an in-process watch would take for the import system's own).
+    "tests_search_the_process_for_the_variant": ({"kv_cache.py": BASE, "test_mine.py": SEARCH_TEST},
+                                                 "control_no_tests"),
+    # Not an attack: honest tests that check the buffers are written in place, by identity, and the types.
+    "honest_tests_check_identity": ({**STRONG, "test_in_place.py": IDENTITY_TEST}, None),
     # A chunk-local mask, right only when every query is 0 (the structure trials).
     "chunk_local_unless_q_is_zero": ({"kv_cache.py": CHUNK_LOCAL.replace("RIGHT_WHEN", "not np.asarray(q).any()")},
                                      "control_chunk_local"),
@@ -447,10 +492,25 @@ def test_shadowing_file_is_not_graded_and_named(graded, case, file):
 
 
 @pytest.mark.parametrize("case", ["tests_read_variant_from_frames", "tests_read_wrapper_code",
-                                  "tests_read_the_variant_with_a_profiler"])
-def test_tests_that_inspect_fail_and_say_so(graded, case):
+                                  "tests_read_the_variant_with_a_profiler", "tests_search_the_process_for_the_variant",
+                                  "tests_tell_control_by_identity"])
+def test_tests_that_look_for_the_variant_find_nothing(graded, case):
+    """The variant never enters the tests' process: what they look for is not there, so they pass or fail
+    alike on the control and every mutant. No accusation: the kill matrix says what they caught."""
     crit = {c["id"]: c for c in graded[1][case]["criteria"]}["own_tests"]
-    assert crit["status"] == "fail" and "inspect" in crit["evidence"], crit
+    assert crit["status"] == "fail", crit
+    assert f"miss {mutants.MUST_CATCH}" in crit["evidence"] or "with no change in behaviour" in crit["evidence"], crit
+    assert "caught 0 of" in crit["evidence"] or "with no change in behaviour" in crit["evidence"], crit
+    assert "inspect" not in crit["evidence"]
+
+
+def test_honest_tests_that_check_identity_pass_the_wrapper(graded):
+    """The wrapper is the submission's own class, subclassed: its buffers, their identity and its types
+    are the submission's, so honest tests pass on the control and catch what they check."""
+    report = graded[1]["honest_tests_check_identity"]
+    crit = {c["id"]: c for c in report["criteria"]}["own_tests"]
+    assert crit["status"] == "pass", crit
+    assert report["tier"] == "Strong Hire", report["tier_reason"]
 
 
 def test_honest_imports_are_ordinary_code(graded):

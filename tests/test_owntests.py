@@ -3,6 +3,7 @@ did not finish there; the zygote that runs the variants side by side never close
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import types
 
@@ -83,7 +84,7 @@ def test_a_task_process_keeps_its_own_pipe_whatever_the_zygote_still_lists():
     zygote._OPEN.update(set(range(3, 1024)) - set(zygote.FDS.values()))  # every number the next pipe could get
     tasks = types.SimpleNamespace(serve=lambda task, job, fd: os.write(fd, b"answer"))
     try:
-        pid, read, _, _ = zygote._fork_task({"name": "t"}, {}, tasks)
+        pid, read, _, _, _ = zygote._fork_task({"name": "t"}, {}, tasks)
         answer, stopped, waited = zygote._read_answer(read, pid, 10.0)
     finally:
         zygote._OPEN.clear()
@@ -116,3 +117,107 @@ def test_the_first_failure_is_shown_whole_with_short_numbers():
               "0.23489566434578266 (ACTUAL), 0.24955872234790916 (DESIRED) 1.5e-07"]
     crit = owntests.criterion(_session(_all(none={"exit": 1, "failed": failed})), ["test_mine.py"])
     assert "step [3, 4] 0.235 (ACTUAL), 0.25 (DESIRED)" in crit.evidence, crit.evidence
+
+
+# ---------------------------------------------------------------- the parent's planted variants (grader/variants.py)
+
+from grader import variants  # noqa: E402
+from grader.child import protocol  # noqa: E402
+from solutions import kv_cache as reference  # noqa: E402
+
+TASKS = {v: f"own:{v}" for v in ["none", mutants.CONTROL, *mutants.PLANTED]}
+
+
+def _chunk_after_ragged_rows():
+    """A chunked prefill (T = 3 < S) into rows of different lengths, with a padded slot: every
+    attention mistake shows here."""
+    rng = np.random.default_rng(7)
+    cache = reference.KVCache(2, 2, 8, 4, dtype=np.float32)
+    cache.append(rng.standard_normal((2, 2, 3, 4), dtype=np.float32),
+                 rng.standard_normal((2, 2, 3, 4), dtype=np.float32), np.array([3, 1]))
+    n_new = np.array([3, 2])
+    cache.append(rng.standard_normal((2, 2, 3, 4), dtype=np.float32),
+                 rng.standard_normal((2, 2, 3, 4), dtype=np.float32), n_new)
+    q = rng.standard_normal((2, 4, 3, 4), dtype=np.float32)
+    return cache, q, n_new, reference.gqa_attention(q, cache, n_new)
+
+
+def _attend(plan, variant, cache, q, n_new, out):
+    S = int(cache.lens.max())
+    meta, blob = protocol.pack_arrays({"q": q, "k": np.ascontiguousarray(cache.k[:, :, :S]),
+                                       "v": np.ascontiguousarray(cache.v[:, :, :S]), "lens": cache.lens.astype(np.int64),
+                                       "n_new": n_new.astype(np.int64), "out": out})
+    reply, data = plan.serve(TASKS[variant], {"op": "attention", "arrays": meta}, blob)
+    assert reply["ok"], reply
+    assert set(reply) == {"ok", "arrays"}  # the reply carries the outcome and nothing else
+    return protocol.unpack_arrays(reply["arrays"], data, np.frombuffer)["out"]
+
+
+@pytest.mark.parametrize("variant", ["none", mutants.CONTROL, "length_before_write", "concat_growth"])
+def test_a_variant_no_attention_outcome_shows_keeps_the_submissions_own(variant):
+    cache, q, n_new, out = _chunk_after_ragged_rows()
+    out = out + np.float32(1e-3)  # not the oracle's: the submission's own outcome comes back, bit for bit
+    assert np.array_equal(_attend(variants.Planted({v: v for v in TASKS}), variant, cache, q, n_new, out), out)
+
+
+@pytest.mark.parametrize("mistake", variants.ATTENTION)
+def test_each_attention_mistake_is_served_as_the_catalogue_plants_it(mistake):
+    cache, q, n_new, out = _chunk_after_ragged_rows()
+    plan = variants.Planted({TASKS[v]: v for v in TASKS})
+    served = _attend(plan, mistake, cache, q, n_new, out)
+    Planted, planted_attention = mutants.plant(mistake, reference.KVCache, reference.gqa_attention)
+    mine = Planted(2, 2, 8, 4, dtype=np.float32)
+    mine.append(cache.k[:, :, :3], cache.v[:, :, :3], np.array([3, 1]))
+    rows = [cache.k[b, :, cache.lens[b] - n_new[b]:cache.lens[b]] for b in range(2)]
+    k_new = np.zeros((2, 2, 3, 4), np.float32)
+    v_new = np.zeros_like(k_new)
+    for b in range(2):
+        k_new[b, :, :n_new[b]] = rows[b]
+        v_new[b, :, :n_new[b]] = cache.v[b, :, cache.lens[b] - n_new[b]:cache.lens[b]]
+    mine.append(k_new, v_new, n_new)
+    expected = planted_attention(q, mine, n_new)
+    valid = np.arange(3)[None, :] < n_new[:, None]  # [B, T]: padded slots are the submission's business
+    mask = np.broadcast_to(valid[:, None, :, None], out.shape)
+    assert np.allclose(np.where(mask, served, 0), np.where(mask, expected, 0), atol=1e-5, equal_nan=True), mistake
+    assert not np.allclose(np.where(mask, served, 0), np.where(mask, out, 0), atol=1e-4, equal_nan=True) \
+        or mistake == "nan_padding", f"{mistake} does not show on this input"
+    if mistake == "nan_padding":
+        assert np.isnan(served[1, :, 2]).all()
+
+
+@pytest.mark.parametrize("raised", [False, True])
+def test_append_outcomes_follow_the_catalogue(raised):
+    plan = variants.Planted({TASKS[v]: v for v in TASKS})
+    before, n_new = np.array([3, 7], np.int64), np.array([2, 2], np.int64)
+    after = before if raised else before + n_new
+    meta, blob = protocol.pack_arrays({"lens_before": before, "lens_after": after, "n_new": n_new})
+    replies = {v: plan.serve(TASKS[v], {"op": "append", "raised": raised, "max_len": 8, "arrays": meta}, blob)[0]
+               for v in TASKS}
+    assert all(set(r) == {"ok", "lens", "reallocate"} for r in replies.values())
+    changed = {v for v, r in replies.items() if r["lens"] is not None or r["reallocate"]}
+    if raised:  # row 0 fits (3 + 2 <= 8), row 1 does not: the mistake advances row 0 before it stops
+        assert changed == {"length_before_write"} and replies["length_before_write"]["lens"] == [5, 7]
+    else:
+        assert changed == {"concat_growth"} and replies["concat_growth"]["reallocate"]
+
+
+def test_calls_that_cannot_be_served_get_the_same_answer_under_every_variant():
+    plan = variants.Planted({TASKS[v]: v for v in TASKS})
+    cache, q, n_new, out = _chunk_after_ragged_rows()
+    bad = [({"op": "attention", "arrays": [["q", "<f8", [2, 2]]]}, b"\0" * 8),  # the blob is short
+           ({"op": "attention", "arrays": [["q", "|O", [1]]]}, b"\0" * 8),  # a dtype the line does not carry
+           ({"op": "fork", "arrays": []}, b""), ("not a call", b"")]
+    for call, blob in bad:
+        answers = {json.dumps(plan.serve(TASKS[v], call, blob)[0]) for v in TASKS}
+        assert len(answers) == 1 and "\"ok\": false" in answers.pop(), call
+    # Outside the contract (n_new past T) or too large: the submission's own outcome, counted.
+    for variant in TASKS:
+        assert np.array_equal(_attend(plan, variant, cache, q, np.array([4, 2]), out), out)
+    assert plan.served[TASKS[mutants.MUST_CATCH]]["kept"] == 1
+    big = variants.Planted({TASKS[v]: v for v in TASKS})
+    q_big = np.zeros((1, 64, 1024, 64), np.float32)
+    big_cache = types.SimpleNamespace(k=np.zeros((1, 8, 1024, 64), np.float32), lens=np.array([1024]))
+    big_cache.v = big_cache.k
+    assert np.array_equal(_attend(big, mutants.MUST_CATCH, big_cache, q_big, np.array([1024]), q_big), q_big)
+    assert big.served[TASKS[mutants.MUST_CATCH]]["too_large"] == 1
+    assert "too large" in owntests._kept(types.SimpleNamespace(served=big.served), lambda v: TASKS[v])

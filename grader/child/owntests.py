@@ -1,97 +1,23 @@
 """The candidate's own tests, in one fresh process per variant (runs INSIDE the sandbox).
 
-The parent chooses the variant and hands it over only after this process is
-forked, through a pipe of its own (the zygote and the other task processes
-never know which task runs which variant, and the order is random). ``none``
-is the submission as it is; every other variant (the control ``identity`` and
-each planted mistake) is the same proxy code from ``mutants.py``, with the
-variant and the wrapped implementation held in a suspended generator's frame.
-An audit hook, installed before any submission file is loaded, records code
-of the submission that inspects instead of calling (frames, ``__code__``,
-``gc``, the implementation's source opened as text): the parent fails the
-criterion, saying which file did what. Honest tests never need those.
+The parent chooses the variant and keeps it. This process learns only whether
+it runs the submission as it is (``none``) or wrapped: under the control and
+under every planted mistake it runs the same wrapper, which calls the
+submission's own ``KVCache.append`` and ``gqa_attention`` and then sends each
+call's inputs and outcome, through the zygote, to the parent. The parent
+answers with the outcome the variant gives (the same one for the control;
+a mistake's for a mutant), having done the same work for every variant. So
+nothing in this process, its frames, its memory or its timing, holds the
+variant: only the outcomes tell a mutant from the control, as they would tell
+a real mistake from a right implementation.
 """
 from __future__ import annotations
 
 import io
 import os
+import select
 import sys
 import types
-
-INSPECTING = {"sys._getframe", "sys._current_frames", "gc.get_referrers", "gc.get_referents", "gc.get_objects"}
-# A profiler or tracer is handed every frame (and its locals) of the code it watches.
-TRACING = {"sys.setprofile", "sys.settrace"}
-FRAME_ATTRS = {"__code__", "tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "gi_code", "cr_code"}
-# Standard tools that read frames or code on their caller's behalf: a call through them counts as the caller's.
-PASS_THROUGH = ("inspect.py", "dis.py", "traceback.py")  # and the ctypes package
-
-
-class _Watch:
-    """An audit hook that records inspection done by the submission's own files.
-
-    Installed before any submission file is loaded. An inspecting event
-    (frames, code, the garbage collector) counts when the first frame outside
-    ``PASS_THROUGH`` that raised it is a file of the submission; opening an
-    implementation file as text counts when a submission file is on the stack
-    and the import system is not.
-    """
-
-    def __init__(self, workdir: str, impl_files: list[str]):
-        self.root = os.path.realpath(workdir) + os.sep
-        self.impl = {os.path.realpath(p) for p in impl_files}
-        self.seen: list[str] = []
-        self.busy = False
-
-    def _mine(self, filename: str) -> bool:
-        return os.path.realpath(filename).startswith(self.root)
-
-    def _culprit(self, frame):
-        """The submission frame that asked, seen from the innermost frame of the event."""
-        while frame is not None and (os.path.basename(frame.f_code.co_filename) in PASS_THROUGH
-                                     or f"{os.sep}ctypes{os.sep}" in frame.f_code.co_filename):
-            frame = frame.f_back
-        return frame if frame is not None and self._mine(frame.f_code.co_filename) else None
-
-    def __call__(self, event: str, args) -> None:
-        if self.busy or len(self.seen) >= 20:
-            return
-        if event not in INSPECTING and event not in TRACING and event not in ("object.__getattr__", "open") \
-                and not event.startswith("ctypes."):
-            return
-        self.busy = True
-        try:
-            what, frame = None, None
-            inner = sys._getframe(1)
-            if event in TRACING:
-                # Set by a submission file, or by a thread starting with threading.setprofile/settrace.
-                frame = self._culprit(inner)
-                if frame is None and os.path.basename(inner.f_code.co_filename) == "threading.py":
-                    frame = next((f for f in _stack(inner) if self._mine(f.f_code.co_filename)), inner)
-                what = f"sets a {'profiler' if event.endswith('profile') else 'tracer'} (sees every frame)"
-            elif event in INSPECTING or event.startswith("ctypes."):
-                frame = self._culprit(inner)  # ctypes: reading memory (or frames) behind Python's back
-                what = event
-            elif event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRS:
-                frame = self._culprit(inner)
-                what = f"reads .{args[1]}"
-            elif event == "open" and args and isinstance(args[0], (str, bytes)):
-                path = os.path.realpath(os.fsdecode(args[0]))
-                if path in self.impl:
-                    stack = list(_stack(inner))
-                    frame = next((f for f in stack if self._mine(f.f_code.co_filename)), None)
-                    if any("importlib" in (f.f_code.co_filename or "") for f in stack):
-                        frame = None
-                    what = f"opens {os.path.basename(path)} as a file"
-            if frame is not None and what:
-                self.seen.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} {what}")
-        finally:
-            self.busy = False
-
-
-def _stack(frame):
-    while frame is not None:
-        yield frame
-        frame = frame.f_back
 
 
 def plugin_args() -> list[str]:
@@ -123,16 +49,115 @@ class _Failures:
             self.seen.append(f"{report.nodeid} - {' '.join(' '.join(kept).split())}"[:300])
 
 
-def _wrapped_module(original, plant, variant: str):
-    """A module like ``original`` with KVCache and gqa_attention replaced by the variant's proxies."""
+class _Calls:
+    """This process's line to the parent through the zygote: one request frame out, one reply frame back."""
+
+    def __init__(self, send_fd: int, reply_fd: int):
+        self.send_fd, self.reply_fd, self.buffer = send_fd, reply_fd, b""
+
+    def ask(self, request: dict, arrays: dict):
+        """``(reply, arrays)`` for one call; raises RuntimeError when the parent could not serve it."""
+        import numpy as np
+
+        protocol = sys.modules["_kvkit_protocol"]
+        meta, blob = protocol.pack_arrays(arrays)
+        protocol.write_all(self.send_fd, protocol.encode({**request, "arrays": meta}, blob))
+        while True:
+            reply, blob, rest = protocol.decode(self.buffer)
+            if reply is not None:
+                self.buffer = bytes(rest)
+                break
+            select.select([self.reply_fd], [], [])
+            data = os.read(self.reply_fd, 1 << 20)
+            if not data:
+                raise RuntimeError("the grader's wrapper lost its line to the grader")
+            self.buffer += data
+        if not reply.get("ok"):
+            raise RuntimeError(f"the grader's wrapper could not serve this call: {str(reply.get('error'))[:200]}")
+        return reply, protocol.unpack_arrays(reply.get("arrays", []), blob, np.frombuffer)
+
+
+def _sendable(array):
+    """``array`` as a contiguous little-endian NumPy array of a dtype the line carries, or None."""
+    import numpy as np
+
+    protocol = sys.modules["_kvkit_protocol"]
+    if type(array) is not np.ndarray:
+        array = np.asarray(array)
+    array = np.ascontiguousarray(array)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return array if array.dtype.str in protocol.ARRAY_DTYPES else None
+
+
+def _wrapped_module(original, calls: _Calls):
+    """A module like ``original`` whose KVCache (a subclass) and gqa_attention report each call's outcome
+    to the parent and apply the outcome it answers. The same code under every variant.
+
+    Only what the contract defines is sent: the appended lengths, and an attention call's inputs and
+    plain-array output. A call the wrapper cannot describe so (no ``lens``, a non-array output) keeps
+    the submission's own outcome, whatever the variant.
+    """
+    import numpy as np
+
+    base, attention = original.KVCache, original.gqa_attention
+
+    def append(self, k_new, v_new, n_new):
+        try:
+            before = np.array(self.lens, dtype=np.int64, copy=True)
+        except Exception:  # noqa: BLE001 - no lengths to report: the submission's own outcome stands
+            before = None
+        raised = None
+        try:
+            result = base.append(self, k_new, v_new, n_new)
+        except ValueError as exc:
+            raised = exc
+        if before is not None:
+            try:
+                request = {"op": "append", "raised": raised is not None, "max_len": int(self.k.shape[2])}
+                arrays = {"lens_before": before, "lens_after": np.array(self.lens, dtype=np.int64),
+                          "n_new": np.array(n_new, dtype=np.int64).reshape(-1)}
+            except Exception:  # noqa: BLE001
+                request = None
+            if request is not None:
+                reply, _ = calls.ask(request, arrays)
+                if reply.get("lens") is not None:
+                    self.lens[...] = np.asarray(reply["lens"], dtype=np.int64)
+                if reply.get("reallocate"):
+                    self.k, self.v = np.array(self.k, copy=True), np.array(self.v, copy=True)
+        if raised is not None:
+            raise raised
+        return result
+
+    def gqa_attention(q, cache, n_new):
+        out = attention(q, cache, n_new)
+        if type(out) is not np.ndarray:
+            return out
+        try:
+            lens = np.array(cache.lens, dtype=np.int64).reshape(-1)
+            S = int(lens.max()) if lens.size else 0
+            arrays = {"q": _sendable(q), "k": _sendable(cache.k[:, :, :S]), "v": _sendable(cache.v[:, :, :S]),
+                      "lens": lens, "n_new": np.array(n_new, dtype=np.int64).reshape(-1), "out": _sendable(out)}
+        except Exception:  # noqa: BLE001
+            return out
+        if any(a is None for a in arrays.values()):
+            return out
+        _, got = calls.ask({"op": "attention"}, arrays)
+        return np.array(got["out"], copy=True)
+
+    cls = type(base.__name__, (base,), {"append": append, "__doc__": base.__doc__,
+                                         "__module__": getattr(base, "__module__", "kv_cache")})
+    cls.__qualname__ = getattr(base, "__qualname__", cls.__name__)
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        setattr(gqa_attention, attr, getattr(attention, attr, None))
     shim = types.ModuleType("kv_cache")
     shim.__dict__.update({k: v for k, v in vars(original).items() if not k.startswith("__")})
-    shim.KVCache, shim.gqa_attention = plant(variant, original.KVCache, original.gqa_attention)
+    shim.KVCache, shim.gqa_attention = cls, gqa_attention
     shim.__file__ = original.__file__
     return shim
 
 
-def _read_secret(fd: int) -> str:
+def _read_all(fd: int) -> str:
     data = b""
     while True:
         chunk = os.read(fd, 256)
@@ -144,31 +169,28 @@ def _read_secret(fd: int) -> str:
 
 
 def run(task: dict, job: dict) -> dict:
-    """Apply the variant the parent hands over, run pytest on the test files: ``{"exit", "failed", "inspected"}``.
+    """Run pytest on the test files, wrapped or not as the parent says: ``{"exit", "failed", "tail"}``.
 
-    Order matters: the audit hook first, then the variant (read from a pipe
-    only this process holds), then the submission's files; the variant is
-    then kept only inside the planted proxies.
+    The mode (``none`` or wrapped) is read from a pipe only this process holds, before any
+    submission file runs. Wrapped, every call goes to the parent through the task's call pipes.
     """
     tasks = sys.modules["_kvkit_tasks"]
+    protocol = sys.modules["_kvkit_protocol"]
     workdir = os.getcwd()
-    watch = _Watch(workdir, [os.path.join(workdir, n) for n in ("kv_cache.py", "kv_cache_torch.py")])
-    sys.addaudithook(watch)
     tasks.submission_on_path(workdir)
     import pytest
 
     files = list(task["files"])
-    # The variant is read (and its pipe closed) before any submission file runs: nothing of the
-    # submission can read it from the pipe; reading it from this frame is inspection (audited).
-    variant = _read_secret(task["secret_fd"]) if task.get("secret_fd") is not None else ""
-    del task
+    mode = _read_all(task["secret_fd"]) if task.get("secret_fd") is not None else ""
+    calls = _Calls(task["call_fd"], task["reply_fd"]) if task.get("call_fd") is not None else None
     try:
         original = tasks.load_file("kv_cache", os.path.join(workdir, "kv_cache.py"))
-        if _install(tasks, original, variant) is None:
+        if mode == protocol.WRAPPED and calls is not None:
+            sys.modules["kv_cache"] = _wrapped_module(original, calls)
+        elif mode != "none":
             return {"exit": -1, "error": "no variant was handed over"}
-        del variant
     except BaseException as exc:  # noqa: BLE001
-        return {"exit": -1, "error": f"{type(exc).__name__}: {str(exc)[:200]}", "inspected": list(watch.seen)}
+        return {"exit": -1, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     out = io.StringIO()
     saved = sys.stdout, sys.stderr
     sys.stdout = sys.stderr = out
@@ -185,15 +207,4 @@ def run(task: dict, job: dict) -> dict:
     text = out.getvalue()
     failed = failures.seen or [line[len("FAILED "):].strip()[:200] for line in text.splitlines()
                                 if line.startswith("FAILED ")]
-    return {"exit": int(code), "failed": failed[:3], "inspected": list(watch.seen), "tail": text[-400:]}
-
-
-def _install(tasks, original, variant: str):
-    """Put the variant's planted module in place; returns None when no variant came."""
-    if not variant:
-        return None
-    if variant != "none":
-        mutants = tasks.load_file("_kvkit_mutants", os.path.join(os.path.dirname(tasks.__file__), "mutants.py"))
-        sys.modules["kv_cache"] = _wrapped_module(original, mutants.plant, variant)
-        del sys.modules["_kvkit_mutants"]
-    return True
+    return {"exit": int(code), "failed": failed[:3], "tail": text[-400:]}

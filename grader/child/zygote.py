@@ -10,7 +10,9 @@ neither trace it nor open its file descriptors.
 For each task it sends ``{"ev": "ready"}`` and waits for the parent's go (the
 parent resets the sandbox's memory high-water mark in between), forks, reads
 the task's answer from a pipe of its own (bounded, with the task's timeout),
-reaps it, and sends ``{"ev": "done", ...}`` with the answer.
+reaps it, and sends ``{"ev": "done", ...}`` with the answer. For a wrapped
+own-tests task it also relays each call the task sends to the parent, and the
+parent's reply back (``{"ev": "call", ...}``): the parent keeps the variant.
 """
 from __future__ import annotations
 
@@ -69,14 +71,19 @@ _INBOX = {"buffer": b""}
 
 def _receive() -> dict:
     """The parent's next frame (``{"go": true}`` or ``{"secret": ...}``); the zygote ends if the parent is gone."""
+    return _receive_frame()[0]
+
+
+def _receive_frame():
+    """``(obj, blob)`` of the parent's next frame; the zygote ends if the parent is gone."""
     while True:
         try:
-            obj, _, rest = protocol.decode(_INBOX["buffer"])
+            obj, blob, rest = protocol.decode(_INBOX["buffer"])
             _INBOX["buffer"] = bytes(rest)
         except ValueError:
             os._exit(protocol.EXIT_PARENT_GONE)
         if obj is not None:
-            return obj
+            return obj, blob
         try:
             data = os.read(FDS["from_parent"], 65536)
         except OSError:
@@ -91,9 +98,11 @@ def _wait_go() -> bool:
 
 
 def _hand_secret(task: dict, write_fd: int, lock=None) -> None:
-    """Ask the parent for this task's secret (an own-tests variant) and pass it to the task's pipe only.
+    """Ask the parent for this task's secret (own tests: "none" or "wrapped") and pass it to the task's pipe only.
 
-    The zygote learns it after the fork, so no task process inherits it.
+    The zygote learns it after the fork, so no task process inherits it. The
+    variant itself never comes here: the parent keeps it and answers the
+    wrapped task's calls (:class:`_Relay`).
     """
     if lock is not None:
         lock.acquire()
@@ -108,15 +117,78 @@ def _hand_secret(task: dict, write_fd: int, lock=None) -> None:
     except OSError:
         pass
     _close_tracked(write_fd)
-    del secret
 
 
-def _read_answer(fd: int, pid: int, timeout: float):
+class _Relay:
+    """Carries a wrapped own-tests task's calls to the parent and the parent's replies back, frame by frame.
+
+    The zygote only checks the framing (bounded by the protocol's limits); the
+    parent validates and answers. A malformed frame, or a task that does not
+    take its reply before its deadline, ends the relay: the task's next call fails.
+    """
+
+    def __init__(self, task: str, call_fd: int, reply_fd: int, lock=None):
+        self.task, self.call_fd, self.reply_fd, self.lock = task, call_fd, reply_fd, lock
+        self.buffer = b""
+
+    def pump(self, deadline: float) -> bool:
+        """Read what the task sent and relay every whole call in it; False once the relay has ended."""
+        import contextlib
+
+        try:
+            data = os.read(self.call_fd, 1 << 20)
+        except OSError:
+            data = b""
+        if not data:
+            return self.close()
+        self.buffer += data
+        while True:
+            try:
+                call, blob, rest = protocol.decode(self.buffer)
+            except ValueError:
+                return self.close()
+            if call is None:
+                return True
+            self.buffer = bytes(rest)
+            with (self.lock or contextlib.nullcontext()):
+                _send({"ev": "call", "task": self.task, "call": call}, blob)
+                reply, reply_blob = _receive_frame()
+            if not _write_by(self.reply_fd, protocol.encode(reply, reply_blob), deadline):
+                return self.close()
+
+    def close(self) -> bool:
+        for fd in (self.call_fd, self.reply_fd):
+            if fd is not None:
+                _close_tracked(fd)
+        self.call_fd = self.reply_fd = None
+        return False
+
+
+def _write_by(fd: int, data: bytes, deadline: float) -> bool:
+    """Write all of ``data`` to ``fd`` before ``deadline`` (the reader may never read); True when done."""
+    view = memoryview(data)
+    os.set_blocking(fd, False)
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        _, ready, _ = select.select([], [fd], [], min(left, 0.1))
+        if ready:
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                continue
+            except OSError:
+                return False
+    return True
+
+
+def _read_answer(fd: int, pid: int, timeout: float, relay: _Relay | None = None):
     """``(answer bytes, why it was stopped, wait4 result or None)``.
 
     Reading ends when the task's own process has exited (its children may
     hold the pipe open: they are not waited for), on the timeout, or past the
-    answer's size limit.
+    answer's size limit. Meanwhile ``relay`` carries the task's calls.
     """
     chunks, size, deadline = [], 0, time.monotonic() + timeout
     waited = None
@@ -124,8 +196,11 @@ def _read_answer(fd: int, pid: int, timeout: float):
         left = deadline - time.monotonic()
         if left <= 0:
             return b"".join(chunks), "timeout", waited
-        ready, _, _ = select.select([fd], [], [], min(left, 0.1))
-        if ready:
+        watched = [fd] + ([relay.call_fd] if relay is not None and relay.call_fd is not None else [])
+        ready, _, _ = select.select(watched, [], [], min(left, 0.1))
+        if relay is not None and relay.call_fd is not None and relay.call_fd in ready:
+            relay.pump(deadline)
+        if fd in ready:
             data = os.read(fd, 1 << 20)
             if data:
                 size += len(data)
@@ -176,7 +251,7 @@ def _close_tracked(fd: int) -> None:
 
     Closing frees the descriptor's number for the next pipe another thread makes;
     were it still in ``_OPEN`` at that thread's fork, the new task process would
-    close its own pipe (its answer or its variant lost).
+    close its own pipe (its answer, its mode or its calls lost).
     """
     import contextlib
 
@@ -186,49 +261,54 @@ def _close_tracked(fd: int) -> None:
 
 
 def _fork_task(task: dict, job: dict, tasks, lock=None):
-    """Fork the task's process; ``(pid, read_fd, rss_kib, started)``.
+    """Fork the task's process; ``(pid, read_fd, rss_kib, started, relay or None)``.
 
     A forked process inherits every descriptor, so each task process closes
     the pipes of all other tasks first: none can read, delay or write another's.
+    An own-tests task also gets its secret's pipe and its two call pipes.
     """
     import contextlib
 
     with (_FORKING or contextlib.nullcontext()):
         read, write = os.pipe()
-        secret_read, secret_write = os.pipe() if task.get("secret") else (None, None)
-        mine = {write, secret_read} - {None}
+        own = bool(task.get("secret"))
+        secret_read, secret_write = os.pipe() if own else (None, None)
+        call_read, call_write = os.pipe() if own else (None, None)
+        reply_read, reply_write = os.pipe() if own else (None, None)
+        mine = {write, secret_read, call_write, reply_read} - {None}
+        theirs = {read, secret_write, call_read, reply_write} - {None}
         rss = _rss_kib()
         started = time.monotonic()
         pid = os.fork()
         if pid == 0:  # the task process: nothing of the zygote's channel or of other tasks survives into it
             try:
-                for fd in (_OPEN | {read, secret_write}) - {None} - mine:
+                for fd in (_OPEN | theirs) - mine:
                     try:
                         os.close(fd)
                     except OSError:
                         pass
                 os.close(FDS["to_parent"])
                 os.close(FDS["from_parent"])
-                if secret_read is not None:
-                    task = {**task, "secret_fd": secret_read}
+                if own:
+                    task = {**task, "secret_fd": secret_read, "call_fd": call_write, "reply_fd": reply_read}
                 os.setpgid(0, 0)
                 tasks.serve(task, job, write)
             finally:
                 os._exit(0)
-        os.close(write)
-        _OPEN.add(read)
-        if secret_read is not None:
-            os.close(secret_read)
-            _OPEN.add(secret_write)
-    if secret_write is not None:
+        for fd in mine:
+            os.close(fd)
+        _OPEN.update(theirs)
+    relay = None
+    if own:
         _hand_secret(task, secret_write, lock)
-    return pid, read, rss, started
+        relay = _Relay(task["name"], call_read, reply_write, lock)
+    return pid, read, rss, started, relay
 
 
 def run_task(task: dict, job: dict, tasks) -> str:
     """Run one task; return why it was stopped ("" when it ended by itself)."""
-    pid, read, rss, started = _fork_task(task, job, tasks)
-    return _finish_task(task, pid, read, rss, started)
+    pid, read, rss, started, relay = _fork_task(task, job, tasks)
+    return _finish_task(task, pid, read, rss, started, relay=relay)
 
 
 def run_parallel(group: list, job: dict, tasks, width: int) -> None:
@@ -246,8 +326,8 @@ def run_parallel(group: list, job: dict, tasks, width: int) -> None:
                 if not pending:
                     return
                 task = pending.pop(0)
-            pid, read, rss, started = _fork_task(task, job, tasks, lock)
-            _finish_task(task, pid, read, rss, started, lock)
+            pid, read, rss, started, relay = _fork_task(task, job, tasks, lock)
+            _finish_task(task, pid, read, rss, started, lock, relay)
 
     threads = [threading.Thread(target=worker) for _ in range(max(1, width))]
     for t in threads:
@@ -256,8 +336,10 @@ def run_parallel(group: list, job: dict, tasks, width: int) -> None:
         t.join()
 
 
-def _finish_task(task, pid, read, rss, started, lock=None) -> str:
-    answer, stopped, waited = _read_answer(read, pid, float(task.get("timeout", 60)))
+def _finish_task(task, pid, read, rss, started, lock=None, relay=None) -> str:
+    answer, stopped, waited = _read_answer(read, pid, float(task.get("timeout", 60)), relay)
+    if relay is not None:
+        relay.close()
     if waited is None:
         try:
             os.kill(pid, signal.SIGKILL)

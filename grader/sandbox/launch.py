@@ -118,6 +118,7 @@ class SessionResult:
     memory_limit_hit: bool = False
     notes: list = field(default_factory=list)
     tasks_started: int = 0  # "ready" events: 0 means the sandbox never reached a task (no submission code ran)
+    served: dict = field(default_factory=dict)  # own-tests task -> calls the parent answered (grader/variants.py)
 
 
 def site_dirs() -> list[str]:
@@ -361,9 +362,9 @@ class _Channel:
             self.total += len(data)
             self.buffer += data  # a bytearray grows in place: reading a large frame stays linear
 
-    def send(self, obj: dict) -> bool:
+    def send(self, obj: dict, blob: bytes = b"") -> bool:
         try:
-            protocol.write_all(self.write_fd, protocol.encode(obj))
+            protocol.write_all(self.write_fd, protocol.encode(obj, blob))
             return True
         except OSError:
             return False
@@ -413,7 +414,7 @@ def _start(command: list[str], workdir: str, job: str, limits: Limits, isolation
 
 def run_session(submission_dir: str, job: dict, job_files: dict, limits: Limits, isolation=None,
                 shared: list | None = None, started: threading.Event | None = None,
-                secrets: dict | None = None) -> SessionResult:
+                secrets: dict | None = None, serve=None) -> SessionResult:
     """Run ``job["tasks"]`` against the submission laid out in ``submission_dir``.
 
     ``job`` is the JSON spec the zygote reads; ``job_files`` maps extra file
@@ -422,7 +423,9 @@ def run_session(submission_dir: str, job: dict, job_files: dict, limits: Limits,
     (bound read-only: the probes' prefill inputs); ``started`` is set once
     the child is started (or could not be); ``secrets`` maps a task's name to
     what only that task's process may learn, handed over after its fork (the
-    own-tests variants). ``submission_dir`` is copied, never changed. Returns every
+    own-tests mode, "none" or "wrapped"); ``serve(task, call, blob) -> (reply, blob)`` answers a
+    wrapped task's calls (relayed by the zygote; ``call`` and ``blob`` are the child's data, never run).
+    ``submission_dir`` is copied, never changed. Returns every
     task's :class:`TaskResult`; a session that ends early says why in
     ``reason`` and leaves the tasks it did not reach out of ``tasks``.
     """
@@ -475,7 +478,7 @@ def run_session(submission_dir: str, job: dict, job_files: dict, limits: Limits,
             watchdog = _Watchdog(proc.pid, workdir)
             watchdog.start()
         try:
-            _converse(channel, job, group, limits, result, secrets or {})
+            _converse(channel, job, group, limits, result, secrets or {}, serve)
         finally:
             channel.close()
             _killpg(proc.pid)
@@ -514,7 +517,8 @@ def run_session(submission_dir: str, job: dict, job_files: dict, limits: Limits,
         remove_tree(base)
 
 
-def _converse(channel: _Channel, job: dict, group, limits: Limits, result: SessionResult, secrets: dict) -> None:
+def _converse(channel: _Channel, job: dict, group, limits: Limits, result: SessionResult, secrets: dict,
+              serve=None) -> None:
     """The session's dialogue: ready -> (reset the high-water mark) go -> done, per task."""
     deadline = time.monotonic() + limits.wall_s
     base_usage = None
@@ -545,6 +549,17 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
         elif event == "secret":
             # A task's secret (an own-tests variant) goes to the zygote only after that task is forked.
             if not channel.send({"secret": secrets.get(str(obj.get("task")), "")}):
+                result.reason = "the sandbox stopped listening"
+                return
+        elif event == "call":
+            # A wrapped own-tests task's call, relayed: answered here, where its variant is kept.
+            name = str(obj.get("task", ""))[:80]
+            if name not in secrets or name in result.tasks:
+                result.reason = "malformed answer from the sandbox (a call from no running own-tests task)"
+                return
+            reply, reply_blob = serve(name, obj.get("call"), blob) if serve else ({"ok": False, "error": "no server"},
+                                                                               b"")
+            if not channel.send(reply, reply_blob):
                 result.reason = "the sandbox stopped listening"
                 return
         elif event == "done":
