@@ -32,6 +32,15 @@ class Flat:
         return {d: (np.concatenate(c) if c else np.zeros(0, dtype=d)).astype(d, copy=False)
                 for d, c in self.chunks.items()}
 
+    def save(self, dtype: str, path: str) -> None:
+        """Write the flat array of ``dtype`` to ``path`` as a ``.npy`` file (no pickle), chunk by chunk:
+        the probes' ~300 MiB are never laid end to end in memory first."""
+        with open(path, "wb") as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": np.dtype(dtype).str, "fortran_order": False,
+                                                     "shape": (self.size[dtype],)})
+            for chunk in self.chunks[dtype]:
+                f.write(np.ascontiguousarray(chunk, dtype=dtype).data)
+
 
 def encode(trials: list[Trial], flat: Flat | None = None) -> tuple[dict, dict]:
     """``(spec, data)``: the trials as JSON-able shapes and offsets, and ``{dtype: flat array}``.

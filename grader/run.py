@@ -259,9 +259,9 @@ def job_data(plan: "Plan") -> tuple[dict, list, dict]:
         memo: dict = {}
         probes = {p.name: probe_trial(p.config, flat, memo) for p in plan.probes}
         paths = {}
-        for dtype, array in flat.arrays().items():
+        for dtype in flat.chunks:
             path = os.path.join(_inputs_dir(), f"data-{plan.seed}-{len(plan.trials)}-{dtype}.npy")
-            np.save(path, array, allow_pickle=False)
+            flat.save(dtype, path)
             os.chmod(path, 0o644)
             paths[dtype] = path
         for old in [k for k in _INPUTS if k != "dir" and k != key]:

@@ -159,3 +159,15 @@ def test_a_top_left_mask_at_decode_too_is_still_the_chunk_local_mask():
         return out
 
     assert set(recovered(ref.KVCache, top_left_everywhere).named) == {"chunk_local_mask"}
+
+
+def test_the_flat_inputs_are_written_as_laid_end_to_end(tmp_path):
+    """``Flat.save`` streams each dtype's chunks into one ``.npy`` file: the same array as concatenating them."""
+    flat = jobs.Flat()
+    refs = [flat.ref(np.arange(6.0).reshape(2, 3), "float32"), flat.ref(np.ones(3), "float64"),
+            flat.ref(np.arange(4)[::2], "float32")]  # a strided chunk too
+    for dtype, expected in flat.arrays().items():
+        flat.save(dtype, str(tmp_path / f"{dtype}.npy"))
+        written = np.load(tmp_path / f"{dtype}.npy", allow_pickle=False)
+        assert written.dtype == np.dtype(dtype) and np.array_equal(written, expected)
+    assert refs[2] == [6, [2]]
