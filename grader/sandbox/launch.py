@@ -517,6 +517,25 @@ def run_session(submission_dir: str, job: dict, job_files: dict, limits: Limits,
         remove_tree(base)
 
 
+def _answer(event: str, obj: dict, blob: bytes, group, result: SessionResult, secrets: dict, serve):
+    """``(frame, blob)`` the zygote waits for after ``event``, or None when the session must end
+    (``result.reason`` says why)."""
+    if event == "ready":
+        result.tasks_started += 1
+        if group is not None:
+            group.reset_peak()
+        return {"go": True}, b""
+    name = str(obj.get("task", ""))[:80]
+    if event == "secret":
+        # A task's secret (its own-tests mode) goes to the zygote only after that task is forked.
+        return {"secret": secrets.get(name, "")}, b""
+    # A wrapped own-tests task's call, relayed: answered here, where its variant is kept.
+    if name not in secrets or name in result.tasks:
+        result.reason = "malformed answer from the sandbox (a call from no running own-tests task)"
+        return None
+    return serve(name, obj.get("call"), blob) if serve else ({"ok": False, "error": "no server"}, b"")
+
+
 def _converse(channel: _Channel, job: dict, group, limits: Limits, result: SessionResult, secrets: dict,
               serve=None) -> None:
     """The session's dialogue: ready -> (reset the high-water mark) go -> done, per task."""
@@ -536,30 +555,16 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
                 result.reason = why
             return
         event = obj.get("ev")
-        if event == "ready":
-            result.tasks_started += 1
-            if group is not None:
-                group.reset_peak()
+        if event in ("ready", "secret", "call"):
+            # The zygote waits for an answer to each of these.
+            reply = _answer(event, obj, blob, group, result, secrets, serve)
+            if reply is None:
+                return
+            if event == "ready" and group is not None:
                 # The baseline is the fresh sandbox's usage, before any task: memory an earlier task left
                 # behind (shared memory, files in the tmpfs) counts against the next, never as a credit.
                 base_usage = group.usage() if base_usage is None else base_usage
-            if not channel.send({"go": True}):
-                result.reason = "the sandbox stopped listening"
-                return
-        elif event == "secret":
-            # A task's secret (an own-tests variant) goes to the zygote only after that task is forked.
-            if not channel.send({"secret": secrets.get(str(obj.get("task")), "")}):
-                result.reason = "the sandbox stopped listening"
-                return
-        elif event == "call":
-            # A wrapped own-tests task's call, relayed: answered here, where its variant is kept.
-            name = str(obj.get("task", ""))[:80]
-            if name not in secrets or name in result.tasks:
-                result.reason = "malformed answer from the sandbox (a call from no running own-tests task)"
-                return
-            reply, reply_blob = serve(name, obj.get("call"), blob) if serve else ({"ok": False, "error": "no server"},
-                                                                               b"")
-            if not channel.send(reply, reply_blob):
+            if not channel.send(*reply):
                 result.reason = "the sandbox stopped listening"
                 return
         elif event == "done":
