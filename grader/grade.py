@@ -286,14 +286,18 @@ def grade(path: str, options: Options | None = None) -> dict:
 
 def prepare_inputs(options: Options) -> None:
     """Write the inputs of ``options.seed``'s trials and probes (about 300 MiB, see ``run.job_data``) now,
-    and list the installed modules (``run.installed_modules``).
+    compute the oracle's outputs for them, and list the installed modules (``run.installed_modules``).
 
-    ``grade`` does both on first use in each process; a batch calls this
+    ``grade`` does all three on first use in each process; a batch calls this
     before it forks its ``--jobs`` workers, which then share them.
     """
     run_mod.installed_modules()
+    probes = run_mod.probes(options.seed)
     run_mod.job_data(run_mod.Plan(seed=options.seed, trials=suite.hidden_suite(options.seed, options.trials),
-                                  probes=run_mod.probes(options.seed)))
+                                  probes=probes))
+    for probe in probes:
+        run_mod.expected_probe_output(probe.config)
+    compare.oracle_outputs(options.seed, options.trials)
 
 
 def _grade_dir(name, workdir, files, options, started) -> dict:

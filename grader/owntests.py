@@ -88,9 +88,13 @@ def criterion(session, files: list[str], task_of=None) -> Criterion:
         return Criterion("own_tests", "error", "own tests could not be run on the control (the submission "
                          "wrapped with no change in behaviour): " + _why_not_run(runs[mutants.CONTROL]))
     if code(mutants.CONTROL) != 0:
-        return Criterion("own_tests", "fail", "own tests fail on the submission wrapped with no change in "
-                         "behaviour: they detect the grader's wrapping, not mistakes"
-                         + _first_failure(runs.get(mutants.CONTROL, {})))
+        # Passing on the submission but not under a wrapper that changes no outcome: the planted mistakes
+        # cannot be judged, whether the tests look at the wrapper or the wrapper failed them. No guess.
+        return Criterion("own_tests", "error", "own tests pass on the submission but fail on the control, the "
+                         "submission run through the grader's wrapper with every outcome kept (KVCache as a "
+                         "subclass, gqa_attention wrapped, each returning a new array), so no planted mistake can "
+                         "be judged; tests that check outcomes, not types or object identity of the results, "
+                         "pass there" + _first_failure(runs.get(mutants.CONTROL, {})) + _kept(session, task_of))
     matrix = mutants.kill_matrix({v: code(v) for v in runs})
     if KEY_MUTANT in matrix["not_run"]:
         # Whether the tests catch it is unknown: no guess either way.
@@ -110,8 +114,9 @@ def _kept(session, task_of) -> str:
     large, kept = counts.get("too_large", 0), counts.get("kept", 0)
     parts = []
     if large:
-        parts.append(f"{large} call(s) too large to plant a mistake in (over {variants.MAX_WORK:,} multiply-adds; "
+        parts.append(f"{large} call(s) too large to plant a mistake in (past the limits of grader/variants.py; "
                      f"smaller inputs are checked)")
     if kept:
-        parts.append(f"{kept} call(s) outside the contract's shapes kept their own outcome")
+        parts.append(f"{kept} call(s) outside the contract's shapes, or that the grader could not compute, "
+                     f"kept their own outcome")
     return f"; {'; '.join(parts)}" if parts else ""

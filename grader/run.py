@@ -37,9 +37,16 @@ from grader.suite import Trial
 
 MIB = 2**20
 MEMORY_LAYOUTS = [(64, 8), (16, 2), (8, 1)]  # (Hq, Hkv): G = 8 in each, so a repeat stands far above a copy
-MEMORY_LIVE_BYTES = 64 * MIB
-GROW = {"Hq": 8, "Hkv": 2, "d": 128, "live_bytes": 64 * MIB, "appends": 300}
-SCAN = {"Hq": 8, "Hkv": 2, "d": 64, "live_bytes": 8 * MIB, "decodes": 32, "ratio": 8}
+# Each layout is measured beside its twin with one query head per KV head (G = 1): the same cache, the same
+# tokens, the same max_len. A repeat adds about G - 1 times the live K/V to the difference; anything the
+# cache keeps whatever the heads (a max_len x max_len mask table, as gpt-fast builds) is in both.
+# 8,192 tokens: a real context (64 MiB of K/V at 64/8), and a bool table of max_len^2 fits in the sandbox.
+MEMORY_TOKENS = 8192
+# The growth and live-length probes at Llama-3-8B's layout (32/8): their caches reach 64 MiB and 8 MiB of
+# K/V in 8,192 and 2,048 tokens, so a mask table of max_len^2 entries stays far below the sandbox's memory
+# and its making costs little beside what is measured (a copy of the cache; the decode steps).
+GROW = {"Hq": 32, "Hkv": 8, "d": 128, "live_bytes": 64 * MIB, "appends": 300}
+SCAN = {"Hq": 32, "Hkv": 8, "d": 64, "live_bytes": 8 * MIB, "decodes": 32, "ratio": 8}
 PROBE_D = 128
 OWN_VARIANTS = ["none", mutants.CONTROL] + list(mutants.PLANTED)
 
@@ -105,10 +112,11 @@ def probes(seed: int) -> list[Probe]:
     jitter = lambda n: int(n * (1 + rng.uniform(-0.03, 0.03)))  # noqa: E731
     out = []
     for Hq, Hkv in MEMORY_LAYOUTS:
-        live = jitter(_tokens_for(MEMORY_LIVE_BYTES, Hkv, PROBE_D))
-        cfg = {"Hkv": Hkv, "G": Hq // Hkv, "d": PROBE_D, "live": live - 1, "appends": 0, "decodes": 1,
-               "total": live, "max_len": live + 16, "seed": seed}
-        out.append(Probe(f"memory-{Hq}-{Hkv}", "memory", cfg, 2 * Hkv * live * PROBE_D * 4))
+        live = jitter(MEMORY_TOKENS)
+        for heads in (Hq, Hkv):  # the layout, then its twin (G = 1)
+            cfg = {"Hkv": Hkv, "G": heads // Hkv, "d": PROBE_D, "live": live - 1, "appends": 0, "decodes": 1,
+                   "total": live, "max_len": live + 16, "seed": seed}
+            out.append(Probe(f"memory-{heads}-{Hkv}", "memory", cfg, 2 * Hkv * live * PROBE_D * 4))
     live = jitter(_tokens_for(GROW["live_bytes"], GROW["Hkv"], GROW["d"]))
     cfg = {"Hkv": GROW["Hkv"], "G": GROW["Hq"] // GROW["Hkv"], "d": GROW["d"], "live": live,
            "appends": GROW["appends"], "decodes": 0, "total": live + GROW["appends"],
@@ -118,6 +126,9 @@ def probes(seed: int) -> list[Probe]:
     # gathers its input into a temporary is honest, and costs as much memory as one copy).
     base = {**cfg, "appends": 0}
     out.append(Probe("grow-base", "grow", base, 2 * GROW["Hkv"] * live * GROW["d"] * 4))
+    # ... and the cache alone, made and left empty: what the prefill adds is the difference (what the cache
+    # builds once, such as a mask table of max_len^2 entries, is not the prefill's).
+    out.append(Probe("grow-empty", "grow", {**base, "empty": True}, 2 * GROW["Hkv"] * live * GROW["d"] * 4))
     live = jitter(_tokens_for(SCAN["live_bytes"], SCAN["Hkv"], SCAN["d"]))
     for name, factor in (("scan-small", 1), ("scan-large", SCAN["ratio"])):
         total = live + SCAN["decodes"]
@@ -149,7 +160,7 @@ _COPY: dict = {}
 def expected_probe_output(config: dict) -> np.ndarray:
     """The exact last decode output ``[Hq, d]`` of a probe, computed in float64 without the whole sequence."""
     key = tuple(sorted((k, v) for k, v in config.items() if k in ("Hkv", "G", "d", "live", "appends",
-                                                                     "decodes", "seed", "total")))
+                                                                     "decodes", "seed", "total", "empty")))
     if key not in _EXPECTED:
         if len(_EXPECTED) > 16:
             _EXPECTED.clear()
@@ -165,6 +176,8 @@ def _expected(config: dict) -> np.ndarray:
 
     Hkv, G, d = config["Hkv"], config["G"], config["d"]
     total, end = config["total"], config["live"] + config["appends"] + config["decodes"]
+    if config.get("empty"):  # the cache made and left empty: no output
+        return np.zeros(0)
     if not config["decodes"]:
         k, _ = probe_tokens(config["seed"], Hkv, d, total, end - TAIL, TAIL)
         return k[0].astype(np.float64).reshape(Hkv * TAIL, d)
@@ -280,6 +293,9 @@ def probe_trial(config: dict, flat, memo: dict | None = None) -> dict:
     from grader.child.tasks import TAIL, probe_parts, probe_tokens
 
     Hkv, G, d, seed, total, live = (config[k] for k in ("Hkv", "G", "d", "seed", "total", "live"))
+    if config.get("empty"):  # the cache alone: made, never appended to
+        return {"name": "t", "B": 1, "Hkv": Hkv, "G": G, "d": d, "max_len": config["max_len"], "dtype": "float32",
+                "steps": []}
     memo = {} if memo is None else memo
     key = (seed, Hkv, d, total, live)
     if key not in memo:  # probes with the same prefill (with and without appends, small and large reservation)
@@ -357,6 +373,9 @@ def run_sessions(workdir: str, plan: Plan, limits: launch.Limits, isolation, por
                 secrets={task: "none" if v == "none" else protocol.WRAPPED for task, v in own.items()},
                 serve=server.serve)
             results[backend].served = server.served
+        except Exception as exc:  # noqa: BLE001 - reading what the child sent failed: the session says so
+            results[backend] = launch.SessionResult(reason=f"the grader could not read this session's answers "
+                                                           f"({type(exc).__name__}: {str(exc)[:200]})")
         finally:
             started[backend].set()
 

@@ -8,51 +8,115 @@ variant, so nothing the submission's process can read, in its memory, frames
 or files, tells a mutant from the control: only outcomes do, as they would
 tell a real mistake from a right implementation.
 
-What a mistake does is the catalogue's (``catalogue/mutants.py``, applied here
-to the oracle's attention). For the control, and for mistakes an outcome does
-not show, the submission's own outcome goes back unchanged. Every call does the
-work of every variant, so the reply's timing does not tell them apart either.
+A mutant's outcome is the submission's own, with exactly the query slots the
+mistake changes replaced by what the mistake gives there (computed on the
+direct reference below). Where a mistake is silent (a chunk-local mask at
+decode), the reply is the submission's outcome bit for bit, as for the
+control. Every call does the work of every variant, so the reply's timing does
+not tell them apart either. What each mistake does is the catalogue's
+(``catalogue/mutants.py`` plants the same mistakes around an implementation
+for the learner; ``tests/test_owntests.py`` checks that both agree).
 
 Everything that arrives is the child's data: arrays rebuilt from raw bytes of
 a few dtypes (``protocol.unpack_arrays``), shapes checked against the contract
-before any work, work bounded by ``MAX_WORK``. Nothing is unpickled or run.
+before any work, the work and memory of a call bounded (``LIMITS``). Nothing
+is unpickled or run.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from catalogue import mutants
-from grader import oracle
 from grader.child import protocol
 
 # The mistakes whose planted outcome differs in an attention call, and in an append.
 ATTENTION = [m for m in mutants.PLANTED if m in mutants.WINDOWS or m in ("modulo_head_mapping", "missing_scale",
                                                                         "nan_padding")]
 APPEND = ["length_before_write", "concat_growth"]
-# Past this many multiply-adds of attention (B * Hq * T * S * d), a call keeps its own outcome under every
-# variant: the oracle's per-query loop for every variant would take seconds. Tests of the contract need far less.
-MAX_WORK = 2**26
+# Bounds on one attention call the parent computes (the same for every variant): past any of them the call
+# keeps its own outcome under every variant. They bound the float64 arrays the computation holds at once
+# (a few of [B, Hq, T, S] scores, 16 MiB each; [B, Hkv, S, d] keys; [B, Hq, T, d] queries), its Python
+# loops (B * T query slots) and its work (B * Hq * T * S * d multiply-adds, about 0.1 s for all variants).
+# Tests of the contract need far less.
+LIMITS = {"B*Hq*T*S": 2**21, "B*Hkv*S*d": 2**21, "B*Hq*T*d": 2**21, "B*T": 2**14, "B*Hq*T*S*d": 2**25}
 
 
-class _Cache:
-    """The cache a call describes, as the catalogue's mutants read it: ``k``, ``v`` float64
-    ``[B, Hkv, max_len, d]`` and int64 ``lens`` ``[B]``, written by index."""
-
-    def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype=np.float64):
-        self.k = np.zeros((batch, kv_heads, max_len, head_dim), dtype=np.float64)
-        self.v = np.zeros_like(self.k)
-        self.lens = np.zeros(batch, dtype=np.int64)
-
-    def append(self, k_new, v_new, n_new) -> None:
-        for b, n in enumerate(np.asarray(n_new, dtype=np.int64)):
-            start = int(self.lens[b])
-            self.k[b, :, start:start + n] = k_new[b, :, :n]
-            self.v[b, :, start:start + n] = v_new[b, :, :n]
-            self.lens[b] = start + n
+def _over_limits(B: int, Hq: int, Hkv: int, T: int, S: int, d: int) -> bool:
+    sizes = {"B*Hq*T*S": B * Hq * T * S, "B*Hkv*S*d": B * Hkv * S * d, "B*Hq*T*d": B * Hq * T * d, "B*T": B * T,
+             "B*Hq*T*S*d": B * Hq * T * S * d}
+    return any(sizes[name] > limit for name, limit in LIMITS.items())
 
 
-def _attention(q, cache: _Cache, n_new):
-    return oracle.attention_ref(q, cache.k, cache.v, cache.lens, n_new)
+class _Reference:
+    """A direct reference for one call, with the rules a mistake changes as arguments.
+
+    ``q`` ``[B, Hq, T, d]``, ``k`` and ``v`` ``[B, Hkv, S, d]``, float64. Query head ``h = j * G + g``
+    sits in group ``j``, which reads KV head ``j``: K and V broadcast over the group, never repeated.
+    """
+
+    def __init__(self, q, k, v):
+        self.q, self.k, self.v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+        self.B, self.Hq, self.T, self.d = self.q.shape
+        self.Hkv, self.S = self.k.shape[1], self.k.shape[2]
+        self.G = self.Hq // self.Hkv
+
+    def scores(self, q) -> np.ndarray:
+        """Unscaled ``q k^T`` of every query head against the KV head of its group: ``[B, Hkv, G, T, S]``."""
+        return q.reshape(self.B, self.Hkv, self.G, self.T, self.d) @ self.k[:, :, None].swapaxes(-1, -2)
+
+    def attend(self, scores, scale: float, visible) -> np.ndarray:
+        """float64 ``[B, Hq, T, d]``: slot ``t`` of row ``b`` weighs keys ``0 .. visible[b, t] - 1``
+        (int ``[B, T]``; 0: none, the output is 0) by ``softmax(scale * scores)``."""
+        seen = (np.arange(self.S)[None, None, :] < visible[:, :, None])[:, None, None]  # [B, 1, 1, T, S]
+        logits = np.where(seen, scores * scale, -np.inf)
+        peak = logits.max(axis=-1, keepdims=True) if self.S else np.zeros(logits.shape[:-1] + (1,))
+        weights = np.exp(logits - np.where(np.isfinite(peak), peak, 0.0))
+        total = weights.sum(axis=-1, keepdims=True)
+        out = (weights / np.where(total > 0, total, 1.0)) @ self.v[:, :, None]
+        return out.reshape(self.B, self.Hq, self.T, self.d)
+
+
+def _planted_outcomes(q, k, v, lens, n_new, out) -> dict:
+    """``{mistake: its outcome of this call}`` for every mistake of ``ATTENTION``: ``out`` (the
+    submission's own), with the slots the mistake changes replaced by the reference's values there."""
+    ref = _Reference(q, k, v)
+    B, Hq, T, d = ref.q.shape
+    real = np.arange(T)[None, :] < n_new[:, None]  # [B, T]: slots past n_new[b] are padding
+    position = (lens - n_new)[:, None] + np.arange(T)[None, :]
+    right_keys, scale = np.where(real, position + 1, 0), 1.0 / math.sqrt(d)
+    raw = ref.scores(ref.q)
+    right = ref.attend(raw, scale, right_keys)
+    planted = {}
+    for mistake in ATTENTION:
+        nan = np.zeros((B, T), dtype=bool)
+        if mistake in mutants.WINDOWS:
+            rule, S_max = mutants.WINDOWS[mistake], int(lens.max()) if B else 0
+            seen = [[rule(int(position[b, t]), t, int(lens[b]), int(n_new[b]), T, S_max) if real[b, t] else 0
+                     for t in range(T)] for b in range(B)]
+            nan = np.array([[c is None for c in row] for row in seen], dtype=bool).reshape(B, T)
+            result = ref.attend(raw, scale, np.array([[c or 0 for c in row] for row in seen],
+                                                     dtype=np.int64).reshape(B, T))
+        elif mistake == "modulo_head_mapping":
+            # Query head h reads KV head h % Hkv: put it in the slot whose group reads that head.
+            h = np.arange(Hq)
+            slot = (h % ref.Hkv) * ref.G + h // ref.Hkv
+            moved = np.empty_like(ref.q)
+            moved[:, slot] = ref.q
+            result = ref.attend(ref.scores(moved), scale, right_keys)[:, slot]
+        elif mistake == "missing_scale":
+            result = ref.attend(raw, 1.0, right_keys)
+        else:  # nan_padding
+            result, nan = right.copy(), ~real
+        result[np.broadcast_to(nan[:, None, :, None], result.shape)] = np.nan
+        planted[mistake] = result
+    outcomes = {}
+    for mistake, result in planted.items():
+        # The slots the mistake changes (any of their d values), by the reference's own measure.
+        changed = (~np.isclose(result, right, rtol=1e-9, atol=1e-12, equal_nan=True)).any(axis=-1, keepdims=True)
+        outcomes[mistake] = np.where(changed, result.astype(out.dtype), out)
+    return outcomes
 
 
 class _Replay:
@@ -77,7 +141,8 @@ class Planted:
     ``variants`` maps each own-tests task's opaque name to its variant (``"none"``,
     ``mutants.CONTROL`` or a mistake of ``mutants.PLANTED``). ``served`` counts,
     per task, the calls answered and those whose own outcome was kept under every
-    variant: too large (``too_large``), or outside the contract (``kept``).
+    variant: too large (``too_large``), or outside the contract or not computable
+    here (``kept``).
     """
 
     def __init__(self, variants: dict):
@@ -105,16 +170,14 @@ class Planted:
         outcomes = {}
         if _outside_contract(q, k, v, lens, n_new, out):
             counts["kept"] += 1  # the submission's own outcome, whatever the variant
-        elif q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3] > MAX_WORK:
+        elif _over_limits(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]):
             counts["too_large"] += 1
         else:
-            B, Hq, T, d = q.shape
-            cache = _Cache(B, k.shape[1], k.shape[2], d)
-            cache.append(k, v, lens)
-            with np.errstate(all="ignore"):
-                for mistake in ATTENTION:  # every one, whichever is asked: the same work under every variant
-                    outcomes[mistake] = np.asarray(mutants.attention_as(mistake, _Cache, _attention, q, cache,
-                                                                        n_new), dtype=np.float64).astype(out.dtype)
+            try:
+                with np.errstate(all="ignore"):  # every mistake's, whichever is asked: the same work under every one
+                    outcomes = _planted_outcomes(q, k, v, lens, n_new, out)
+            except Exception:  # noqa: BLE001 - the kit's own failure is never the tests': their outcome stands
+                counts["kept"] += 1
         chosen = outcomes.get(self.variants.get(task), out)
         meta, data = protocol.pack_arrays({"out": np.ascontiguousarray(chosen)})
         return {"ok": True, "arrays": meta}, data

@@ -498,9 +498,11 @@ def test_tests_that_look_for_the_variant_find_nothing(graded, case):
     """The variant never enters the tests' process: what they look for is not there, so they pass or fail
     alike on the control and every mutant. No accusation: the kill matrix says what they caught."""
     crit = {c["id"]: c for c in graded[1][case]["criteria"]}["own_tests"]
-    assert crit["status"] == "fail", crit
-    assert f"miss {mutants.MUST_CATCH}" in crit["evidence"] or "with no change in behaviour" in crit["evidence"], crit
-    assert "caught 0 of" in crit["evidence"] or "with no change in behaviour" in crit["evidence"], crit
+    if case == "tests_tell_control_by_identity":  # the wrapper returns a new array: the control fails, no guess why
+        assert crit["status"] == "error" and "fail on the control" in crit["evidence"], crit
+    else:
+        assert crit["status"] == "fail", crit
+        assert f"miss {mutants.MUST_CATCH}" in crit["evidence"] and "caught 0 of" in crit["evidence"], crit
     assert "inspect" not in crit["evidence"]
 
 

@@ -171,3 +171,59 @@ def test_the_flat_inputs_are_written_as_laid_end_to_end(tmp_path):
         written = np.load(tmp_path / f"{dtype}.npy", allow_pickle=False)
         assert written.dtype == np.dtype(dtype) and np.array_equal(written, expected)
     assert refs[2] == [6, [2]]
+
+
+# ---------------------------------------------------------------- the kernel's figures, read as criteria
+
+def _probe_run(name: str, memory_mib: float, cpu_s: float = 0.1):
+    """A probe of ``grader.run.probes`` (seed 1) as the criteria read it, with the figures given."""
+    from grader import run
+    from grader.sandbox.launch import TaskResult
+
+    probe = next(p for p in run.probes(1) if p.name == name)
+    want = run.expected_probe_output(probe.config)
+    task = TaskResult(name=name, answer={"records": [[]]}, blob=np.asarray(want, dtype="<f8").tobytes(), exit=0,
+                      cpu_s=cpu_s, memory_bytes=int(memory_mib * 2**20), memory_source="cgroup")
+    return probe, task, want
+
+
+def _memory_runs(peaks: dict) -> list:
+    """Every memory probe (seed 1), each peaking at ``peaks[name]`` MiB (default: its live K/V, plus 20)."""
+    from grader import run
+
+    return [_probe_run(p.name, peaks.get(p.name, p.live_bytes / 2**20 + 20))
+            for p in run.probes(1) if p.purpose == "memory"]
+
+
+def test_what_the_cache_keeps_whatever_the_heads_is_not_a_repeat():
+    """A mask table of max_len^2 entries (gpt-fast's) sits in a layout and in its twin at G = 1 alike."""
+    table = 8300 ** 2 / 2**20  # MiB of a bool table at the probes' max_len
+    runs = _memory_runs({name: 80 + table for name in ("memory-8-1", "memory-1-1")})
+    crit = criteria.no_repeat(runs)
+    assert crit.status == "pass" and not crit.mistakes, crit.evidence
+
+
+def test_a_repeat_at_one_layout_is_named_against_its_twin():
+    runs = _memory_runs({"memory-64-8": 9 * 64 + 20})  # K and V repeated G = 8 times: +8x, where the twin has +0
+    crit = criteria.no_repeat(runs)
+    assert crit.status == "fail" and crit.mistakes == ["kv_repeat"], crit.evidence
+    assert "64/8" in crit.evidence and "8/8" in crit.evidence
+
+
+def test_a_layout_without_its_twin_is_not_judged():
+    runs = [r for r in _memory_runs({}) if r[0].name != "memory-2-2"]
+    assert criteria.no_repeat(runs).status == "error"
+
+
+@pytest.mark.parametrize("empty_mib,status", [(1100, "pass"), (0, "fail")])
+def test_the_prefill_is_judged_above_the_cache_made_and_left_empty(empty_mib, status):
+    """A prefill peak far above the live K/V is the cache's own table when the empty cache holds it too
+    (pass), and the append's when it does not (fail: it holds far more than the tokens it writes)."""
+    from grader import run
+
+    live = next(p for p in run.probes(1) if p.name == "grow-base").live_bytes / 2**20
+    runs = [_probe_run("grow", 1100 + live + 10, cpu_s=0.2), _probe_run("grow-base", 1100 + live + 10, cpu_s=0.2),
+            _probe_run("grow-empty", empty_mib + 5)]
+    crit = criteria.in_place(runs, copy_s=0.01)
+    assert crit.status == status, crit.evidence
+    assert not crit.mistakes

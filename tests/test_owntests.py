@@ -55,6 +55,13 @@ def test_a_control_that_did_not_finish_is_an_error():
     assert crit.status == "error" and "control" in crit.evidence
 
 
+def test_tests_that_fail_on_the_control_cannot_be_judged_and_say_what_to_fix():
+    answers = _all(**{mutants.CONTROL: {"exit": 1, "failed": ["test_mine.py::test_x - assert out is last"]}})
+    crit = owntests.criterion(_session(answers), ["test_mine.py"])
+    assert crit.status == "error", crit.evidence
+    assert "fail on the control" in crit.evidence and "outcomes" in crit.evidence and "test_x" in crit.evidence
+
+
 def test_the_key_mutant_not_run_is_an_error_not_a_miss():
     answers = _all(**{mutants.MUST_CATCH: {"error": {"type": "MemoryError", "message": ""}}})
     crit = owntests.criterion(_session(answers), ["test_mine.py"])
@@ -221,3 +228,55 @@ def test_calls_that_cannot_be_served_get_the_same_answer_under_every_variant():
     assert np.array_equal(_attend(big, mutants.MUST_CATCH, big_cache, q_big, np.array([1024]), q_big), q_big)
     assert big.served[TASKS[mutants.MUST_CATCH]]["too_large"] == 1
     assert "too large" in owntests._kept(types.SimpleNamespace(served=big.served), lambda v: TASKS[v])
+
+
+@pytest.mark.parametrize("mistake", ["chunk_local_mask", "off_by_one_mask"])
+def test_a_mistake_silent_on_a_call_gives_back_the_submissions_outcome_bit_for_bit(mistake):
+    """At decode a chunk-local mask and a mask that also sees its successor change nothing: the reply is the
+    submission's own outcome exactly, as under the control, so comparing bits tells nothing (an attack once
+    caught chunk_local_mask with decode-only tests because mutants came back as the oracle's values)."""
+    cache, _, _, _ = _chunk_after_ragged_rows()
+    rng = np.random.default_rng(3)
+    k_one = rng.standard_normal((2, 2, 1, 4), dtype=np.float32)
+    cache.append(k_one, k_one, np.array([1, 1]))
+    q = rng.standard_normal((2, 4, 1, 4), dtype=np.float32)
+    out = reference.gqa_attention(q, cache, np.array([1, 1])) * np.float32(1.0001)  # the submission's own bits
+    plan = variants.Planted({TASKS[v]: v for v in TASKS})
+    served = _attend(plan, mistake, cache, q, np.array([1, 1]), out)
+    assert served.dtype == out.dtype and np.array_equal(served.view(np.uint32), out.view(np.uint32))
+
+
+@pytest.mark.parametrize("shape", [
+    (100_000, 1, 1, 1, 1, 1),  # (B, Hq, Hkv, T, S, d): a hundred thousand one-token rows
+    (1, 8192, 1, 1, 8192, 1),  # a hundred KB that the oracle would blow up to gigabytes
+])
+def test_a_call_past_the_parents_limits_keeps_its_outcome_unworked(shape):
+    B, Hq, Hkv, T, S, d = shape
+    cache = types.SimpleNamespace(k=np.ones((B, Hkv, S, d), np.float16), v=np.ones((B, Hkv, S, d), np.float16),
+                                  lens=np.full(B, S, np.int64))
+    q = np.ones((B, Hq, T, d), np.float16)
+    plan = variants.Planted({TASKS[v]: v for v in TASKS})
+    assert variants._over_limits(B, Hq, Hkv, T, S, d)
+    assert np.array_equal(_attend(plan, mutants.MUST_CATCH, cache, q, np.ones(B, np.int64), q), q)
+    assert plan.served[TASKS[mutants.MUST_CATCH]]["too_large"] == 1
+
+
+def test_json_nested_past_the_readers_stack_is_malformed_not_a_crash():
+    deep = b"[" * 100_000 + b"]" * 100_000
+    frame = protocol._HEADER.pack(len(deep), 0) + deep
+    with pytest.raises(ValueError, match="nested too deep"):
+        protocol.decode(frame, json_limit=len(deep))
+
+
+def test_an_empty_cache_is_served_like_any_other_call():
+    """A chunk of padding only (every n_new 0) into empty rows: no key anywhere (an honest random test
+    once met this and the parent failed to compute it, which read as the tests failing the control)."""
+    cache = reference.KVCache(2, 1, 8, 4)
+    cache.append(np.zeros((2, 1, 1, 4), np.float32), np.zeros((2, 1, 1, 4), np.float32), np.array([0, 0]))
+    q = np.ones((2, 2, 1, 4), np.float32)
+    out = reference.gqa_attention(q, cache, np.array([0, 0]))
+    plan = variants.Planted({TASKS[v]: v for v in TASKS})
+    for variant in TASKS:
+        served = _attend(plan, variant, cache, q, np.array([0, 0]), out)
+        assert np.array_equal(served, out) or (variant == "nan_padding" and np.isnan(served).all()), variant
+    assert not any(c["kept"] for c in plan.served.values())

@@ -61,7 +61,7 @@ def decode(buffer: bytes, json_limit: int = JSON_LIMIT, blob_limit: int = BLOB_L
     """``(obj, blob, rest)`` for the first frame of ``buffer``, or ``(None, b"", buffer)`` when incomplete.
 
     Raises:
-        ValueError: a header past the limits, or JSON that is not an object.
+        ValueError: a header past the limits, JSON that is not an object or is nested too deep.
     """
     if len(buffer) < _HEADER.size:
         return None, b"", buffer
@@ -71,7 +71,10 @@ def decode(buffer: bytes, json_limit: int = JSON_LIMIT, blob_limit: int = BLOB_L
     end = _HEADER.size + n_json + n_blob
     if len(buffer) < end:
         return None, b"", buffer
-    obj = json.loads(bytes(buffer[_HEADER.size:_HEADER.size + n_json]))
+    try:
+        obj = json.loads(bytes(buffer[_HEADER.size:_HEADER.size + n_json]))
+    except RecursionError:  # nesting deeper than this reader's stack: malformed, whoever reads it
+        raise ValueError("a frame whose JSON is nested too deep") from None
     if not isinstance(obj, dict):
         raise ValueError("a frame whose JSON is not an object")
     return obj, bytes(buffer[_HEADER.size + n_json:end]), memoryview(buffer)[end:]
