@@ -123,7 +123,7 @@ except OSError:
     # One task far past its time, the others quick: many one-token appends to a long row (the growth
     # probe) each sleep, as a cache copied on every append takes minutes there on a loaded machine.
     "slow_growth_probe": WRAP_APPEND.format(
-        act="self._ones = getattr(self, '_ones', 0) + (int(np.max(self.lens, initial=0)) > 20000 and k_new.shape[2] == 1)\n"
+        act="self._ones = getattr(self, '_ones', 0) + (int(np.max(self.lens, initial=0)) > 6000 and k_new.shape[2] == 1)\n"
             "    if self._ones > 50:\n        __import__('time').sleep(0.2)"),
 }
 
