@@ -46,7 +46,7 @@ MEMORY_TOKENS = 8192
 # K/V in 8,192 and 2,048 tokens, so a mask table of max_len^2 entries stays far below the sandbox's memory
 # and its making costs little beside what is measured (a copy of the cache; the decode steps).
 GROW = {"Hq": 32, "Hkv": 8, "d": 128, "live_bytes": 64 * MIB, "appends": 300}
-SCAN = {"Hq": 32, "Hkv": 8, "d": 64, "live_bytes": 8 * MIB, "decodes": 32, "ratio": 8}
+SCAN = {"Hq": 32, "Hkv": 8, "d": 64, "live_bytes": 8 * MIB, "decodes": 64, "ratio": 8}
 PROBE_D = 128
 OWN_VARIANTS = ["none", mutants.CONTROL] + list(mutants.PLANTED)
 
