@@ -277,8 +277,8 @@ def grade(path: str, options: Options | None = None) -> dict:
         if aside:
             _say_stubs_set_aside(report, aside)
             report.setdefault("notes", []).insert(
-                0, f"set aside {len(aside)} file(s) of the starter bundle, handed back unchanged (not graded as "
-                   f"the candidate's work): " + ", ".join(aside))
+                0, f"set aside {len(aside)} file(s) of the starter bundle (not graded as the candidate's work; its "
+                   f"step tests by their path, even edited): " + ", ".join(aside))
         return report
     finally:
         launch.remove_tree(workdir)

@@ -75,6 +75,12 @@ def criterion(session, files: list[str], task_of=None) -> Criterion:
                          + _why_not_run(runs["none"]))
     if base == 5:
         return Criterion("own_tests", "fail", "pytest collected no test from the submission's test files")
+    if base in (2, 3, 4):
+        # Interrupted (a file that cannot be collected), pytest's own error or a usage error: the tests never
+        # ran, so whether they pass is unknown. No guess: say why, and what to fix.
+        return Criterion("own_tests", "error", f"own tests could not run on the submission (pytest exit {base}: a "
+                         f"test file that cannot be imported or collected); they must run with only the "
+                         f"submission's files beside them" + _first_failure(runs["none"]))
     if base != 0:
         return Criterion("own_tests", "fail", f"own tests fail on the submission itself (pytest exit {base})"
                          + _first_failure(runs["none"]))

@@ -70,7 +70,9 @@ def set_aside_bundle(workdir: str, files: list[str]) -> tuple[list[str], list[st
     A candidate who zips the whole working folder back hands in the bundle's
     step tests, progress runner, planted mutants and any stub left unfilled;
     those are the kit's, not the candidate's, so they are set aside (and said
-    so in a note) and the rest is graded.
+    so in a note) and the rest is graded. The bundle's ``tests/`` files are set
+    aside by their path even when edited (listed with " (edited)"): the step
+    tests need the support files beside them, and are not the candidate's tests.
     """
     import hashlib
 
@@ -84,6 +86,9 @@ def set_aside_bundle(workdir: str, files: list[str]) -> tuple[list[str], list[st
                 known = _fingerprints(lambda: json.load(f))
         except (OSError, ValueError):
             return list(files), []
+    # The step tests and their support live under tests/ in the bundle: the candidate is never asked to
+    # edit them, so one handed back edited (a comment added) is still the kit's, kept by its path.
+    kit_tests = {rel for rel in known.values() if rel.startswith("tests/")}
     kept, aside = [], []
     for rel in files:
         path = os.path.join(workdir, rel)
@@ -92,6 +97,9 @@ def set_aside_bundle(workdir: str, files: list[str]) -> tuple[list[str], list[st
         if digest in known:
             os.remove(path)
             aside.append(rel)
+        elif rel.replace(os.sep, "/") in kit_tests:
+            os.remove(path)
+            aside.append(f"{rel} (edited)")
         else:
             kept.append(rel)
     return kept, aside

@@ -37,10 +37,11 @@ ATTENTION = [m for m in mutants.PLANTED if m in mutants.WINDOWS or m in ("modulo
 APPEND = ["length_before_write", "concat_growth"]
 # Bounds on one attention call the parent computes (the same for every variant): past any of them the call
 # keeps its own outcome under every variant. They bound the float64 arrays the computation holds at once
-# (a few of [B, Hq, T, S] scores, 16 MiB each; [B, Hkv, S, d] keys; [B, Hq, T, d] queries), its Python
-# loops (B * T query slots) and its work (B * Hq * T * S * d multiply-adds, about 0.1 s for all variants).
-# Tests of the contract need far less.
-LIMITS = {"B*Hq*T*S": 2**21, "B*Hkv*S*d": 2**21, "B*Hq*T*d": 2**21, "B*T": 2**14, "B*Hq*T*S*d": 2**25}
+# (a few of [B, Hq, T, S] scores, 4 MiB each; [B, Hkv, S, d] keys; [B, Hq, T, d] queries), its Python
+# loops (B * T query slots) and its work (B * Hq * T * S * d multiply-adds), so that a call costs the
+# parent at most about 0.2 s of CPU for all variants together. Tests of the contract need far less.
+LIMITS = {"B*Hq*T*S": 2**19, "B*Hkv*S*d": 2**21, "B*Hq*T*d": 2**21, "B*T": 2**14, "B*Hq*T*S*d": 2**24}
+MAX_ROWS = 2**16  # rows of an append the parent replays (its reply lists each row's length)
 
 
 def _over_limits(B: int, Hq: int, Hkv: int, T: int, S: int, d: int) -> bool:
@@ -187,6 +188,7 @@ class Planted:
         max_len = call.get("max_len")
         kept = {"lens": None, "reallocate": False}
         if not (before.ndim == after.ndim == n_new.ndim == 1 and len(before) == len(after) == len(n_new)
+                and len(before) <= MAX_ROWS
                 and isinstance(max_len, int) and not isinstance(max_len, bool) and 0 <= max_len < 2**31):
             counts["kept"] += 1
             return {"ok": True, **kept}

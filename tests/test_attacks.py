@@ -152,6 +152,24 @@ def test_append_writes_in_place_and_returns_plain_arrays():
     out = gqa_attention(np.zeros((2, 4, 3, 4), np.float32), cache, np.array([3, 2]))
     assert type(out) is np.ndarray and out.shape == (2, 4, 3, 4)
 '''
+# K and V repeated per query head into a workspace sized for 8 query heads per KV head whatever G is, so
+# the layout's twin at G = 1 holds as much and the difference of the two shows nothing.
+WORKSPACE_REPEAT = '''
+_honest_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    B, Hkv, _, d = cache.k.shape
+    G = np.asarray(q).shape[1] // Hkv
+    S = int(np.max(cache.lens)) if len(cache.lens) else 0
+    heads = Hkv * max(G, 8)
+    ws = getattr(cache, "_ws", None)
+    if ws is None or ws.shape[2] < heads or ws.shape[3] < S:
+        ws = cache._ws = np.ones((2, B, heads, S, d), cache.k.dtype)
+    ws[0, :, :Hkv * G, :S].reshape(B, Hkv, G, S, d)[...] = cache.k[:, :, None, :S]
+    ws[1, :, :Hkv * G, :S].reshape(B, Hkv, G, S, d)[...] = cache.v[:, :, None, :S]
+    return _honest_attention(q, cache, n_new)
+'''
 CHUNK_LOCAL = BASE + '''
 _honest_attention = gqa_attention
 
@@ -285,6 +303,7 @@ CASES = {
         when="not (cache.k.shape[3] in (32, 48, 64) and 3200 <= cache.k.shape[2] < 5000)")}, "control_repeat"),
     "repeat_under_frozen_name": ({"kv_cache.py": BASE + "\nexec(compile(" + repr(REPEAT.format(
         when="True", store="(lambda a: a)")) + ", '<frozen importlib._bootstrap>', 'exec'))\n"}, "control_repeat"),
+    "repeat_into_a_workspace_for_every_head": ({"kv_cache.py": BASE + WORKSPACE_REPEAT}, "control_repeat"),
     "shadow_numpy": ({"kv_cache.py": weak(), "numpy.py": "from numpy import *\n"}, "control_repeat"),
     "shadow_pytest": ({"kv_cache.py": BASE, "pytest.py": "def main(*a, **k):\n    return 1\n",
                        "test_mine.py": "def test_nothing():\n    assert True\n"}, "control_no_tests"),
@@ -466,6 +485,13 @@ def test_repeat_is_measured_wherever_it_lives(graded, case):
     report = graded[1][case]
     crit = {c["id"]: c for c in report["criteria"]}["no_kv_repeat"]
     assert crit["status"] == "fail" and "kv_repeat" in report["mistakes"], crit
+    assert report["tier"] == "Weak"
+
+
+def test_memory_for_every_head_whatever_the_heads_fails_the_repeat_check(graded):
+    report = graded[1]["repeat_into_a_workspace_for_every_head"]
+    crit = {c["id"]: c for c in report["criteria"]}["no_kv_repeat"]
+    assert crit["status"] == "fail" and "whatever the heads" in crit["evidence"], crit
     assert report["tier"] == "Weak"
 
 

@@ -247,3 +247,19 @@ def test_the_stop_waits_for_every_worker_not_the_first(tmp_path):
     finally:
         for process in (quick, slow):
             process.join(5)
+
+
+def test_a_session_never_waits_on_a_zygote_that_stopped_reading():
+    """The parent's replies to the zygote are written by the session's deadline: a zygote stopped by a task
+    of its uid (SIGSTOP) once left the grader blocked in a write for good."""
+    from grader.sandbox.launch import _Channel
+
+    read_fd, write_fd = os.pipe()
+    channel = _Channel(os.open(os.devnull, os.O_RDONLY), write_fd)
+    try:
+        started = time.monotonic()
+        assert not channel.send({"reply": 1}, b"x" * (4 << 20), deadline=time.monotonic() + 0.5)  # nobody reads
+        assert time.monotonic() - started < 5
+    finally:
+        channel.close()
+        os.close(read_fd)

@@ -227,3 +227,12 @@ def test_the_prefill_is_judged_above_the_cache_made_and_left_empty(empty_mib, st
     crit = criteria.in_place(runs, copy_s=0.01)
     assert crit.status == status, crit.evidence
     assert not crit.mistakes
+
+
+def test_memory_for_every_query_head_whatever_the_heads_fails_unnamed():
+    """A workspace sized for G = 8 whatever G is (so the twin holds as much) cancels in the difference: at
+    the largest layout its absolute peak still fails the criterion, without naming kv_repeat (no pattern)."""
+    runs = _memory_runs({"memory-64-8": 9.5 * 64, "memory-8-8": 9.5 * 64})
+    crit = criteria.no_repeat(runs)
+    assert crit.status == "fail" and not crit.mistakes, crit.evidence
+    assert "whatever the heads" in crit.evidence

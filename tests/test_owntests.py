@@ -280,3 +280,12 @@ def test_an_empty_cache_is_served_like_any_other_call():
         served = _attend(plan, variant, cache, q, np.array([0, 0]), out)
         assert np.array_equal(served, out) or (variant == "nan_padding" and np.isnan(served).all()), variant
     assert not any(c["kept"] for c in plan.served.values())
+
+
+def test_tests_that_cannot_be_collected_are_not_judged_and_say_why():
+    """pytest exit 2: a test file that cannot be imported (an edited starter step test without its support
+    files, once). Whether the tests pass is unknown: error, with the collection error, never "fail"."""
+    failed = ["tests/test_step3_mask.py - could not be collected: ModuleNotFoundError: No module named 'stepkit'"]
+    crit = owntests.criterion(_session(_all(none={"exit": 2, "failed": failed})), ["tests/test_step3_mask.py"])
+    assert crit.status == "error", crit.evidence
+    assert "could not run" in crit.evidence and "stepkit" in crit.evidence

@@ -233,3 +233,18 @@ def test_a_whole_working_folder_grades_like_the_clean_hand_back(tmp_path):
     assert "kv_cache_torch.py, the starter bundle's unfilled stub" in said["torch_port"], said["torch_port"]
     assert "test_mine.py, the starter bundle's unfilled stub" in said["own_tests"], said["own_tests"]
     assert "stub" not in {c["id"]: c["evidence"] for c in b["criteria"]}["torch_port"]
+
+
+def test_an_edited_step_test_is_still_the_kits_and_set_aside(tmp_path):
+    """A step test handed back with one comment added is not the candidate's own test: set aside by its path
+    (said so), while the candidate's own test file and code are kept."""
+    from grader.submission import set_aside_bundle
+
+    step = (KIT / "exercises" / "tests" / "test_step3_mask.py").read_text()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_step3_mask.py").write_text("# my note\n" + step)
+    (tmp_path / "test_mine.py").write_text("def test_mine():\n    assert True\n")
+    (tmp_path / "kv_cache.py").write_text("# mine\n")
+    kept, aside = set_aside_bundle(str(tmp_path), ["kv_cache.py", "test_mine.py", "tests/test_step3_mask.py"])
+    assert kept == ["kv_cache.py", "test_mine.py"] and aside == ["tests/test_step3_mask.py (edited)"]
+    assert not (tmp_path / "tests" / "test_step3_mask.py").exists()

@@ -40,6 +40,13 @@ class _Failures:
     def __init__(self):
         self.seen: list[str] = []
 
+    def pytest_collectreport(self, report) -> None:
+        # A test file that cannot be collected (an import that fails): its error is why nothing ran.
+        if report.failed and len(self.seen) < 3:
+            lines = [ln for ln in str(report.longrepr).splitlines() if ln.strip()]
+            error = next((ln for ln in reversed(lines) if ln.startswith("E ")), lines[-1] if lines else "")
+            self.seen.append(f"{report.nodeid} - could not be collected: {' '.join(error[1:].split())}"[:300])
+
     def pytest_runtest_logreport(self, report) -> None:
         if report.failed and len(self.seen) < 3:
             crash = getattr(report.longrepr, "reprcrash", None)

@@ -66,7 +66,7 @@ def _send(obj: dict, blob: bytes = b"") -> None:
     protocol.write_all(FDS["to_parent"], protocol.encode(obj, blob))
 
 
-_INBOX = {"buffer": b""}
+_INBOX = {"buffer": bytearray()}  # grows in place: a large frame is read in linear time
 
 
 def _receive() -> dict:
@@ -79,10 +79,10 @@ def _receive_frame():
     while True:
         try:
             obj, blob, rest = protocol.decode(_INBOX["buffer"])
-            _INBOX["buffer"] = bytes(rest)
         except ValueError:
             os._exit(protocol.EXIT_PARENT_GONE)
         if obj is not None:
+            _INBOX["buffer"] = bytearray(rest)
             return obj, blob
         try:
             data = os.read(FDS["from_parent"], 65536)
@@ -129,7 +129,7 @@ class _Relay:
 
     def __init__(self, task: str, call_fd: int, reply_fd: int, lock=None):
         self.task, self.call_fd, self.reply_fd, self.lock = task, call_fd, reply_fd, lock
-        self.buffer = b""
+        self.buffer = bytearray()  # grows in place: a large call is read in linear time
 
     def pump(self, deadline: float) -> bool:
         """Read what the task sent and relay every whole call in it; False once the relay has ended."""
@@ -149,7 +149,7 @@ class _Relay:
                 return self.close()
             if call is None:
                 return True
-            self.buffer = bytes(rest)
+            self.buffer = bytearray(rest)
             with (self.lock or contextlib.nullcontext()):
                 _send({"ev": "call", "task": self.task, "call": call}, blob)
                 reply, reply_blob = _receive_frame()

@@ -362,12 +362,24 @@ class _Channel:
             self.total += len(data)
             self.buffer += data  # a bytearray grows in place: reading a large frame stays linear
 
-    def send(self, obj: dict, blob: bytes = b"") -> bool:
-        try:
-            protocol.write_all(self.write_fd, protocol.encode(obj, blob))
-            return True
-        except OSError:
-            return False
+    def send(self, obj: dict, blob: bytes = b"", deadline: float | None = None) -> bool:
+        """Write one frame before ``deadline`` (monotonic seconds): False when the zygote stopped reading
+        (gone, or stopped by a task of its uid) or the deadline passed, so the session never waits on it."""
+        view = memoryview(protocol.encode(obj, blob))
+        os.set_blocking(self.write_fd, False)
+        while view:
+            left = (deadline - time.monotonic()) if deadline is not None else 1.0
+            if left <= 0:
+                return False
+            try:
+                _, ready, _ = select.select([], [self.write_fd], [], min(left, 0.5))
+                if ready:
+                    view = view[os.write(self.write_fd, view):]
+            except BlockingIOError:
+                continue
+            except OSError:
+                return False
+        return True
 
     def close(self):
         for fd in (self.read_fd, self.write_fd):
@@ -564,8 +576,8 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
                 # The baseline is the fresh sandbox's usage, before any task: memory an earlier task left
                 # behind (shared memory, files in the tmpfs) counts against the next, never as a credit.
                 base_usage = group.usage() if base_usage is None else base_usage
-            if not channel.send(*reply):
-                result.reason = "the sandbox stopped listening"
+            if not channel.send(*reply, deadline=deadline):
+                result.reason = "the sandbox stopped listening (or stopped reading before the session's deadline)"
                 return
         elif event == "done":
             name = str(obj.get("task", ""))[:80]
