@@ -337,10 +337,31 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
                       output_tail=session.output_tail[-500:],
                       tier_reason=f"nothing could be measured: kv_cache.py: {comparison}"[:600])
         return report
+    if _nothing_written(answer):
+        # The template as handed out (an untouched notebook, a stub): nothing of the candidate's to grade.
+        return {**_error_report(name, options, "kv_cache.py is not filled in yet: every trial stops at the "
+                                "template's NotImplementedError; fill in KVCache and gqa_attention, then hand "
+                                "it back", started), "isolation": level, "notes": notes}
     try:
         return _evaluate(name, options, level, started, plan, sessions, answer, comparison, outputs, files, notes)
     except MALFORMED as exc:
         return _malformed(name, options, level, started, notes, session, exc)
+
+
+def _nothing_written(answer: dict) -> bool:
+    """True when no step of any hidden trial ran and each stopped at NotImplementedError (the child's
+    records, read as data): the template's stubs, untouched."""
+    records = answer.get("records") if isinstance(answer, dict) else None
+    if not isinstance(records, list) or not records:
+        return False
+    for steps in records:
+        if not isinstance(steps, list) or not steps or not isinstance(steps[0], dict):
+            return False
+        error = steps[0].get("error")
+        if steps[0].get("stage") not in ("init", "append") or not isinstance(error, dict) \
+                or error.get("type") != "NotImplementedError":
+            return False
+    return True
 
 
 # The optional parts a starter stub stands for: a criterion "not attempted" because its file is the stub.

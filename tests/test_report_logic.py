@@ -371,3 +371,16 @@ def test_the_batch_table_marks_the_ports_mistakes():
     assert _mistakes_cell({"mistakes": ["chunk_local_mask", "kv_repeat"], "numpy_mistakes": ["chunk_local_mask"],
                            "port_mistakes": ["kv_repeat"]}) == "chunk_local_mask; port: kv_repeat"
     assert _mistakes_cell({"mistakes": []}) == ""
+
+
+def test_only_the_untouched_template_is_not_graded():
+    """Every hidden trial stopping at NotImplementedError before any step ran is the template handed back
+    (not graded, saying so); a template with anything written is graded."""
+    from grader.grade import _nothing_written
+
+    stub = {"stage": "init", "error": {"type": "NotImplementedError", "message": ""}}
+    assert _nothing_written({"records": [[stub], [stub]]})
+    assert _nothing_written({"records": [[{**stub, "stage": "append"}]]})
+    assert not _nothing_written({"records": [[stub], [{"stage": "appended"}, {"stage": "attention", "error": stub["error"]}]]})
+    assert not _nothing_written({"records": [[{**stub, "error": {"type": "ValueError"}}]]})
+    assert not _nothing_written({"records": []})
