@@ -263,7 +263,8 @@ def no_repeat(runs: list, check_output: bool = True) -> Criterion:
         G = probe.config["G"]
         extra = (_held(probe, task) - _held(twin, twin_task)) / probe.live_bytes
         limit = max(REPEAT_MIN_EXTRA, REPEAT_FACTOR * (G - 1))
-        figures.append(f"{_layout(probe.config)}: {extra:+.1f}x the live K/V ({_mib(probe.live_bytes)}) above "
+        # Below 0 is the two processes' noise: shown as no difference.
+        figures.append(f"{_layout(probe.config)}: {max(extra, 0.0):+.1f}x the live K/V ({_mib(probe.live_bytes)}) above "
                        f"{_layout(twin.config)} (peaks {_held(probe, task) / probe.live_bytes:.1f}x and "
                        f"{_held(twin, twin_task) / twin.live_bytes:.1f}x)")
         if extra >= limit and (worst is None or extra - limit > worst[0]):
@@ -282,7 +283,7 @@ def no_repeat(runs: list, check_output: bool = True) -> Criterion:
         _, probe, twin, extra, G = worst
         return Criterion(cid, "fail", f"decode at {_layout(probe.config)} peaks {extra:.1f}x the live K/V above the "
                          f"same decode at {_layout(twin.config)} ({meter}); read in place, the two are about equal, "
-                         f"a repeat adds about {G - 1}x: K/V materialised per query head. All layouts: "
+                         f"a repeat adds {G - 1}x or more: K/V materialised per query head. All layouts: "
                          + "; ".join(figures), mistakes=["kv_repeat"])
     return Criterion(cid, "pass", "decode measured by " + meter + ", each layout against its twin at G = 1: "
                      + "; ".join(figures) + " (a repeat would add about G - 1 times)")

@@ -182,8 +182,9 @@ def print_summary(reports: list[dict], console, rubric=None, audience: str = "hi
     table.add_column("mistakes")
     for r in reports:
         table.add_row(Text(clean(r.get("submission"), 200)), Text(headline(r, rubric, audience)),
-                      f"{r.get('score', 0):g}", Text(clean(_mistakes_cell(r))
-                                                     or ("-" if status_of(r) == "graded" else clean(r.get("error"), 80))))
+                      f"{r['score']:g}" if status_of(r) == "graded" and isinstance(r.get("score"), (int, float))
+                      else "-",  # a report not graded has no score (as in grades.csv), never 0
+                      Text(clean(_mistakes_cell(r)) or ("-" if status_of(r) == "graded" else clean(r.get("error"), 160))))
     console.print(table)
     counts, statuses = tier_counts(reports), status_counts(reports)
     console.print(Text("  ".join(f"{label(t)}: {counts.get(t, 0)}" for t in TIERS)
