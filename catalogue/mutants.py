@@ -150,7 +150,8 @@ def attention_as(mistake_id: str, KVCache, gqa_attention, q, cache, n_new):
 def append_as(mistake_id: str, append, cache, k_new, v_new, n_new):
     """``append(cache, k_new, v_new, n_new)`` (the wrapped class's own) as it would be with the mistake."""
     if mistake_id == "length_before_write":
-        # Advances each row's length before checking the next row for overflow.
+        # Row by row, the length first (lens[b] += n), then the check, then the write: when a row
+        # overflows, it and every row before it claim their new tokens; only the earlier ones stored them.
         before = np.array(cache.lens, copy=True)
         try:
             return append(cache, k_new, v_new, n_new)
@@ -158,9 +159,9 @@ def append_as(mistake_id: str, append, cache, k_new, v_new, n_new):
             end = before + np.asarray(n_new, dtype=np.int64)
             max_len = cache.k.shape[2]
             for b in range(len(end)):
+                cache.lens[b] = end[b]
                 if end[b] > max_len:
                     break
-                cache.lens[b] = end[b]
             raise
     result = append(cache, k_new, v_new, n_new)
     if mistake_id == "concat_growth":

@@ -336,8 +336,11 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
         report.update(status="graded", tier=options.rubric.lowest_tier(), graded=True, isolation=level, notes=notes,
                       output_tail=session.output_tail[-500:],
                       tier_reason=f"nothing could be measured: kv_cache.py: {comparison}"[:600])
+        _say_not_measured(report, files, f"not measured: kv_cache.py: {comparison}")
         return report
-    if _nothing_written(answer):
+    probe_answers = [getattr(session.tasks.get(run_mod.probe_task(plan, "numpy", p.name)), "answer", None)
+                     for p in plan.probes]
+    if all(_nothing_written(a) for a in [answer, *probe_answers]):
         # The template as handed out (an untouched notebook, a stub): nothing of the candidate's to grade.
         return {**_error_report(name, options, "kv_cache.py is not filled in yet: every trial stops at the "
                                 "template's NotImplementedError; fill in KVCache and gqa_attention, then hand "
@@ -348,9 +351,20 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
         return _malformed(name, options, level, started, notes, session, exc)
 
 
+def _say_not_measured(report: dict, files: list[str], why: str) -> None:
+    """A submission graded at the lowest tier because nothing could be measured: each criterion says why,
+    and an optional section it did not hand in is left out (not attempted, not counted), as in any report."""
+    for c in report["criteria"]:
+        c["evidence"] = why[:300]
+        if c["id"] == "torch_port" and "kv_cache_torch.py" not in files:
+            c.update(status="not_attempted", evidence="no kv_cache_torch.py", tier="none", counted=False,
+                     max_points=0.0)
+
+
 def _nothing_written(answer: dict) -> bool:
-    """True when no step of any hidden trial ran and each stopped at NotImplementedError (the child's
-    records, read as data): the template's stubs, untouched."""
+    """True when no step of the task's trials ran and each stopped at NotImplementedError (the child's
+    records, read as data). Asked of the hidden trials and of every probe: only code that does nothing at
+    any size is the template's stubs, untouched."""
     records = answer.get("records") if isinstance(answer, dict) else None
     if not isinstance(records, list) or not records:
         return False

@@ -202,8 +202,8 @@ def test_append_outcomes_follow_the_catalogue(raised):
                for v in TASKS}
     assert all(set(r) == {"ok", "lens", "reallocate"} for r in replies.values())
     changed = {v for v, r in replies.items() if r["lens"] is not None or r["reallocate"]}
-    if raised:  # row 0 fits (3 + 2 <= 8), row 1 does not: the mistake advances row 0 before it stops
-        assert changed == {"length_before_write"} and replies["length_before_write"]["lens"] == [5, 7]
+    if raised:  # row 0 fits (3 + 2 <= 8), row 1 does not: the mistake advances both, then stops
+        assert changed == {"length_before_write"} and replies["length_before_write"]["lens"] == [5, 9]
     else:
         assert changed == {"concat_growth"} and replies["concat_growth"]["reallocate"]
 
