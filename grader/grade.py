@@ -359,6 +359,10 @@ def _say_not_measured(report: dict, files: list[str], why: str) -> None:
         if c["id"] == "torch_port" and "kv_cache_torch.py" not in files:
             c.update(status="not_attempted", evidence="no kv_cache_torch.py", tier="none", counted=False,
                      max_points=0.0)
+        elif c["id"] == "cost_model" and "cost.py" not in files:
+            c.update(status="not_attempted", evidence="no cost.py")
+        elif c["id"] == "own_tests" and not owntests.test_files_in(files):
+            c.update(status="not_attempted", evidence="no test_*.py in the submission")
 
 
 def _nothing_written(answer: dict) -> bool:

@@ -28,6 +28,11 @@ def test_files(workdir: str) -> list[str]:
     return [os.path.relpath(p, workdir) for p in found]
 
 
+def test_files_in(files: list[str]) -> list[str]:
+    """The candidate's test files among ``files`` (paths relative to the submission), as ``test_files`` finds them."""
+    return sorted(f for f in files if re.fullmatch(r"(tests/)?test_[^/]*\.py", f.replace(os.sep, "/")))
+
+
 def _exit_code(run: dict) -> int | None:
     """pytest's exit code from one variant's answer, or None when pytest did not finish there."""
     code = run.get("exit")
