@@ -336,7 +336,7 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
         report.update(status="graded", tier=options.rubric.lowest_tier(), graded=True, isolation=level, notes=notes,
                       output_tail=session.output_tail[-500:],
                       tier_reason=f"nothing could be measured: kv_cache.py: {comparison}"[:600])
-        _say_not_measured(report, files, f"not measured: kv_cache.py: {comparison}")
+        _say_not_measured(report, files, f"not measured: kv_cache.py: {comparison}", options.rubric)
         return report
     probe_answers = [getattr(session.tasks.get(run_mod.probe_task(plan, "numpy", p.name)), "answer", None)
                      for p in plan.probes]
@@ -351,18 +351,26 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
         return _malformed(name, options, level, started, notes, session, exc)
 
 
-def _say_not_measured(report: dict, files: list[str], why: str) -> None:
+def _say_not_measured(report: dict, files: list[str], why: str, rubric) -> None:
     """A submission graded at the lowest tier because nothing could be measured: each criterion says why,
-    and an optional section it did not hand in is left out (not attempted, not counted), as in any report."""
+    with its section and tier as in any report; an optional section it did not hand in is left out (not
+    attempted, not counted, the other points scaled to the total), and cost or own tests not handed in
+    are not attempted."""
+    absent = {"torch_port": ("kv_cache_torch.py" not in files, "no kv_cache_torch.py"),
+              "cost_model": ("cost.py" not in files, "no cost.py"),
+              "own_tests": (not owntests.test_files_in(files), "no test_*.py in the submission")}
+    optional_out = {cid for cid, spec in rubric.criteria.items() if spec["tier"] == "none" and absent.get(cid, (0,))[0]}
+    worth = _scaled_points({cid: 0.0 if cid in optional_out else float(spec["points"])
+                            for cid, spec in rubric.criteria.items()}, rubric.max_score)
     for c in report["criteria"]:
-        c["evidence"] = why[:300]
-        if c["id"] == "torch_port" and "kv_cache_torch.py" not in files:
-            c.update(status="not_attempted", evidence="no kv_cache_torch.py", tier="none", counted=False,
-                     max_points=0.0)
-        elif c["id"] == "cost_model" and "cost.py" not in files:
-            c.update(status="not_attempted", evidence="no cost.py")
-        elif c["id"] == "own_tests" and not owntests.test_files_in(files):
-            c.update(status="not_attempted", evidence="no test_*.py in the submission")
+        cid = c["id"]
+        c.update(evidence=why[:300], max_points=worth.get(cid, 0.0), section="torch" if cid == "torch_port" else "numpy",
+                 tier=rubric.criteria[cid]["tier"], counted=cid not in optional_out)
+        if cid == "cost_model" and not absent[cid][0]:
+            c["evidence"] = (f"not measured: cost.py is checked in the same process as kv_cache.py, which did not "
+                             f"load ({why.removeprefix('not measured: kv_cache.py: ')})")[:300]
+        if cid in absent and absent[cid][0]:
+            c.update(status="not_attempted", evidence=absent[cid][1])
 
 
 def _nothing_written(answer: dict) -> bool:
