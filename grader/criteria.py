@@ -38,7 +38,7 @@ REPEAT_FACTOR = 0.3  # of (G - 1) x the live K/V, above the twin at G = 1: the e
 REPEAT_MIN_EXTRA = 1.5  # ... and never below 1.5x the live K/V
 REPEAT_HELD = 0.6  # of G x the live K/V: a peak that fails at the largest layout even when its twin holds as much
 GROWTH_FRACTION = 0.5  # extra peak of the appends, in live K/V, that names growth by copying
-PREFILL_LIMIT = 2.5  # a prefill's peak, less the empty cache's excess over one cache, in live K/V: cache, input copy, slack
+PREFILL_LIMIT = 2.5  # what one prefill adds to the empty cache's peak, in live K/V: the cache, a copy of the input, slack
 GROWTH_COPIES = 150.0  # CPU time of the 300 appends, in copies of the live K/V, that names it too (one in two)
 SCAN_RATIO = 4.0  # see the module docstring: between an honest 3.2x under load and a scan's 9x
 PROBE_TOLERANCE = 1e-4  # float32 probe outputs against the float64 computation
@@ -312,18 +312,15 @@ def in_place(runs: list, copy_s: float, explain: list | None = None) -> Criterio
     (probe, task, _), (base_probe, base, _) = by_name["appends"], by_name["prefill"]
     empty_probe, empty, _ = by_name["empty"]
     live = probe.live_bytes
-    # The prefill's peak, less what the cache made and left empty holds beyond one cache's worth (a table it
-    # builds once, as gpt-fast's): the cache's own buffers count once, whether zeroed when made or when written.
-    excess = max(_held(empty_probe, empty) - base_probe.live_bytes, 0)
-    prefill = (_held(base_probe, base) - excess) / base_probe.live_bytes
+    # What the prefill adds to the cache made and left empty: what the cache builds once is not the prefill's.
+    prefill = (_held(base_probe, base) - _held(empty_probe, empty)) / base_probe.live_bytes
     if prefill > PREFILL_LIMIT:
         # Above this, a copy made while appending could hide under the prefill's own peak: no figure
         # about the appends can be trusted, and the prefill itself holds far more than the cache.
         return Criterion(cid, "fail", f"a prefill of {base_probe.config['live']:,} tokens into the empty cache at "
-                         f"{_layout(base_probe.config)} peaks at {prefill:.1f}x the live K/V, beyond what the cache "
-                         f"made and left empty holds past one cache's worth (the cache plus one copy of the new tokens "
-                         f"is 2x): the append holds far more than the tokens it writes (copies of the cache or of the "
-                         f"input)")
+                         f"{_layout(base_probe.config)} adds {prefill:.1f}x the live K/V to the peak of the cache "
+                         f"made and left empty (the cache plus one copy of the new tokens is 2x): the append holds "
+                         f"far more than the tokens it writes (copies of the cache or of the input)")
     memory = (task.memory_bytes - base.memory_bytes) / live
     copies = max(task.cpu_s - base.cpu_s, 0.0) / copy_s if copy_s > 0 else 0.0
     shown = round(copies)
