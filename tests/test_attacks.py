@@ -33,9 +33,7 @@ _honest_port_attention = gqa_attention
 def gqa_attention(q, cache, n_new):
     G = q.shape[1] // cache.k.shape[1]
     S = int(cache.lens.max()) if cache.lens.numel() else 0
-    held = [{how} for buf in (cache.k, cache.v)]
-    for h in held:
-        h.sum()
+    held = [{how} for buf in (cache.k, cache.v)]  # written whole: every page resident
     return _honest_port_attention(q, cache, n_new)
 '''
 TORCH_REPEAT = "buf[:, :, :S].repeat_interleave(G, dim=1)"
@@ -53,10 +51,8 @@ def _repeat_into(array, G, store):
 def gqa_attention(q, cache, n_new):
     G = np.asarray(q).shape[1] // cache.k.shape[1]
     S = int(np.max(cache.lens)) if len(cache.lens) else 0
-    if {when}:
+    if {when}:  # each copy is written whole, so all its pages are resident while it is held
         held = [_repeat_into(cache.k[:, :, :S], G, {store}), _repeat_into(cache.v[:, :, :S], G, {store})]
-        for h in held:
-            h.sum()  # touch every page
     return _honest_attention(q, cache, n_new)
 '''
 MMAP_STORE = '''(lambda a: (lambda m: (np.frombuffer(m, dtype=a.dtype, count=a.size).__setitem__(slice(None), a.ravel()),
@@ -170,7 +166,7 @@ def gqa_attention(q, cache, n_new):
     ws[1, :, :Hkv * G, :S].reshape(B, Hkv, G, S, d)[...] = cache.v[:, :, None, :S]
     return _honest_attention(q, cache, n_new)
 '''
-CHUNK_LOCAL = BASE + '''
+CHUNK_WRAP = '''
 _honest_attention = gqa_attention
 
 
@@ -191,6 +187,7 @@ def gqa_attention(q, cache, n_new):
                 out[b, h, t] = (w / w.sum()) @ v
     return out
 '''
+CHUNK_LOCAL = BASE + CHUNK_WRAP
 BLUR = '''
 _sharp_attention = gqa_attention
 
@@ -289,7 +286,14 @@ if _runner is not None and not getattr(_runner, "_rewritten", False):
 
 
 def weak(when="True", store="(lambda a: a)", before=""):
+    """A Weak submission by its memory: the reference that repeats K/V ``G`` times into ``store``."""
     return BASE + before + REPEAT.format(when=when, store=store)
+
+
+def wrong(before=""):
+    """A Weak submission by its outputs, and cheap to grade: the reference with a chunk-local mask. The base
+    of the attacks that are not about a measurement (their control: ``control_chunk_local``)."""
+    return BASE + before + CHUNK_WRAP.replace("RIGHT_WHEN", "False")
 
 
 CASES = {
@@ -347,12 +351,12 @@ def test_catches_everything():
     out = kv_cache.gqa_attention(np.ones((1, 1, 2, 2)), cache, np.array([2]))
     assert out is kv_cache._LAST[-1]  # only the unwrapped submission returns its own object
 '''}, "control_no_tests"),
-    "memfd_past_memory_limit": ({"kv_cache.py": weak(before='''
+    "memfd_past_memory_limit": ({"kv_cache.py": wrong(before='''
 import os
 fd = os.memfd_create("hog")
 os.posix_fallocate(fd, 0, 3 * 2**30)
-''')}, "control_repeat"),
-    "tmpfile_past_disk_bound": ({"kv_cache.py": weak(before='''
+''')}, "control_chunk_local"),
+    "tmpfile_past_disk_bound": ({"kv_cache.py": wrong(before='''
 import os
 try:
     fd = os.open(".", os.O_TMPFILE | os.O_WRONLY)
@@ -361,8 +365,8 @@ try:
         os.write(fd, block)
 except OSError:
     pass
-''')}, "control_repeat"),
-    "deep_tree": ({"kv_cache.py": weak(before='''
+''')}, "control_chunk_local"),
+    "deep_tree": ({"kv_cache.py": wrong(before='''
 import os
 _here = os.getcwd()
 try:
@@ -371,15 +375,15 @@ try:
         os.chdir("d")
 finally:
     os.chdir(_here)
-''')}, "control_repeat"),
-    "padded_answer": ({"kv_cache.py": weak() + '''
+''')}, "control_chunk_local"),
+    "padded_answer": ({"kv_cache.py": wrong() + '''
 import gc as _gc, os as _os
 for _fd in range(3, 64):
     try:
         _os.write(_fd, b"\\xff" * 64)
     except OSError:
         pass
-'''}, "control_repeat"),
+'''}, "control_chunk_local"),
     "control_port_repeat": ({"kv_cache.py": BASE, "kv_cache_torch.py": PORT + PORT_REPEAT.format(how=TORCH_REPEAT)},
                             None),
     "port_repeat_through_numpy": ({"kv_cache.py": BASE,
@@ -403,9 +407,9 @@ for _fd in range(3, 64):
     # A chunk-local mask, right only when every query is 0 (the structure trials).
     "chunk_local_unless_q_is_zero": ({"kv_cache.py": CHUNK_LOCAL.replace("RIGHT_WHEN", "not np.asarray(q).any()")},
                                      "control_chunk_local"),
-    "control_chunk_local": ({"kv_cache.py": CHUNK_LOCAL.replace("RIGHT_WHEN", "False")}, None),
+    "control_chunk_local": ({"kv_cache.py": wrong()}, None),
     # The same mask with its wrong outputs blurred, so that no pattern can be recovered or reproduced.
-    "chunk_local_blurred": ({"kv_cache.py": CHUNK_LOCAL.replace("RIGHT_WHEN", "False") + BLUR}, "control_chunk_local"),
+    "chunk_local_blurred": ({"kv_cache.py": wrong() + BLUR}, "control_chunk_local"),
     # A port that repeats K/V, and raises at the probes' sizes so no repeat is measured.
     "port_raises_at_probe_sizes": ({"kv_cache.py": BASE, "kv_cache_torch.py": PORT + PORT_REPEAT.format(
         how=TORCH_REPEAT) + PORT_RAISES}, "control_port_repeat"),
@@ -427,11 +431,11 @@ for _fd in range(3, 64):
     # Not an attack: a port whose attention is not written yet hides nothing and caps nothing.
     "unfinished_port": ({**STRONG, "kv_cache_torch.py": PORT + PORT_NOT_WRITTEN}, None),
     # The submission rewrites the answers of the task that runs it, to break the protocol.
-    "answers_rewritten": ({"kv_cache.py": weak() + REWRITE_ANSWERS}, "control_repeat"),
+    "answers_rewritten": ({"kv_cache.py": wrong() + REWRITE_ANSWERS}, "control_chunk_local"),
     # An import that never runs names a module whose import runs a program and exits: preimported in the
     # trusted first process, it once ended the sandbox before any task, which read as the kit's failure.
-    "preimport_that_exits": ({"kv_cache.py": weak() + "\nif False:\n    import unittest.__main__\n"},
-                             "control_repeat"),
+    "preimport_that_exits": ({"kv_cache.py": wrong() + "\nif False:\n    import unittest.__main__\n"},
+                             "control_chunk_local"),
     "honest_imports_torch_and_matplotlib": ({"kv_cache.py": BASE.replace(
         "import math\n", "import math\n\nimport matplotlib\nimport torch\n", 1)}, None),
 }
@@ -644,5 +648,5 @@ def test_a_disguised_chunk_mask_is_still_weak(graded):
 
 def test_naming_a_module_that_exits_on_import_still_gets_a_verdict(graded):
     report = graded[1]["preimport_that_exits"]
-    assert report["status"] == "graded" and report["tier"] == "Weak" and "kv_repeat" in report["mistakes"], \
+    assert report["status"] == "graded" and report["tier"] == "Weak" and "chunk_local_mask" in report["mistakes"], \
         report["tier_reason"]

@@ -157,6 +157,27 @@ def test_close_kills_what_is_left_and_removes_the_groups():
         subprocess.run([sys.executable, "-c", "pass"], preexec_fn=cg.join_fn())
 
 
+def test_groups_of_killed_workers_are_removed_all_at_once():
+    """A stopped grader removes its workers' groups by name: every group's processes are killed first, so
+    their exits overlap, and the groups are listed again until none is left."""
+    groups = [cgroup.Cgroup(memory_bytes=128 * MiB, max_pids=16) for _ in range(3)]
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=g.join_fn())
+             for g in groups]
+    try:
+        paths = [p for g in groups for p in g.paths]
+        assert all(os.path.exists(p) for p in paths)
+        cgroup.remove_groups_of({os.getpid()}, grace_s=5.0)
+        assert [proc.wait(timeout=5) for proc in procs] == [-signal.SIGKILL] * 3
+        assert not any(os.path.exists(p) for p in paths), paths
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for g in groups:
+            g.close()
+
+
 def test_failed_setup_removes_the_partial_group(monkeypatch):
     with cgroup.Cgroup(memory_bytes=128 * MiB, max_pids=16) as cg:
         parents = {os.path.dirname(p) for p in cg.paths}

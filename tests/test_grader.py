@@ -157,7 +157,7 @@ REFERENCE = open(os.path.join(ROOT, "solutions", "kv_cache.py")).read()
     ("imports_grader", "from grader.oracle import attention_ref\nfrom solutions.kv_cache import *\n", "ModuleNotFoundError"),
 ])
 def test_broken_submissions_get_a_report_with_the_reason(tmp_path, name, source, reason):
-    report = grade(write_submission(tmp_path, name, source), Options(seed=3, trials=60, timeout=60))
+    report = grade(write_submission(tmp_path, name, source), Options(seed=3, trials=20, timeout=60))
     text = json.dumps(report)
     assert reason in text, text[:3000]
     assert report["tier"] == "Weak"
@@ -179,7 +179,7 @@ def test_single_file_and_notebook_submissions(tmp_path):
         archive.write(single, "candidate/kv_cache.py")
         archive.writestr("../escape.py", "print('never extracted')\n")
     for path in (single, notebook, zipped):
-        report = grade(str(path), Options(seed=2, trials=60))
+        report = grade(str(path), Options(seed=2, trials=20))
         assert report["tier"] == "Hire", (path, report["tier_reason"])
     assert not (tmp_path.parent / "escape.py").exists()
 

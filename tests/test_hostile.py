@@ -166,7 +166,7 @@ def build_fixtures(directory) -> list[str]:
 def grade_batch(paths: list[str], out: str, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "KVKIT_SANDBOX_MEMORY_MB": "1024"}  # the memory hog stops at 1 GiB
     return subprocess.run([sys.executable, "-m", "grader", *paths, "--out", out, "--quiet", "--jobs", "2",
-                           "--timeout", "8", "--trials", "20", "--seed", "7", *extra],
+                           "--timeout", "5", "--trials", "20", "--seed", "7", *extra],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -61,14 +61,14 @@ def _student_copy(answers: dict | None = None, stubs: bool = False):
 # One fixture per grading, so that under ``pytest -n`` a worker grades only what its tests read.
 @pytest.fixture(scope="module")
 def solved_report():
-    return grade(str(SOURCE), Options(seed=1))
+    return grade(str(SOURCE), Options(seed=1, trials=30))
 
 
 @pytest.fixture(scope="module")
 def chunk_local_report(tmp_path_factory):
     alice = tmp_path_factory.mktemp("handback") / "alice.ipynb"
     nbformat.write(_student_copy({"visible_keys": CHUNK_LOCAL_MASK}), alice)
-    return grade(str(alice), Options(seed=1))
+    return grade(str(alice), Options(seed=1, trials=30))
 
 
 def test_the_solved_notebook_earns_the_tier_of_its_sections(solved_report):

@@ -1,14 +1,15 @@
 """``kvkit progress`` and ``kvkit hint``: the learner's view of the steps.
 
-Checked on a fresh copy of exercises/ (step 1 pending: its goal and its
-failure shown), on a copy filled with the reference (every step done, exit 0),
-and on small made-up exercise directories for the parts that need no real
-step (the hint sequence, --watch, usage errors).
+Checked on small made-up exercise directories for the parts that need no real
+step (the current step, the hint sequence, --watch, usage errors), and on
+copies of exercises/ for the real step 1's hint and a check that never
+returns. What progress shows for a fresh copy (step 1 pending) and for one
+filled with the reference (all done) is checked in test_steps.py, on the same
+step runs that check each step.
 """
 from __future__ import annotations
 
 import ast
-import importlib.util
 import io
 import os
 import re
@@ -23,23 +24,11 @@ import pytest
 from rich.console import Console
 
 from kvkit import cli, progress
+from test_steps import fresh_copy
 
 KIT = Path(__file__).resolve().parent.parent
 EXERCISES = KIT / "exercises"
 SOLUTIONS = KIT / "solutions"
-
-
-def _test_steps():
-    """tests/test_steps.py, for its helpers (filled_dir)."""
-    spec = importlib.util.spec_from_file_location("kvkit_test_steps_helpers", Path(__file__).with_name("test_steps.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def fresh_copy(target: Path) -> Path:
-    shutil.copytree(EXERCISES, target, ignore=shutil.ignore_patterns("__pycache__", ".*"))
-    return target
 
 
 def console() -> Console:
@@ -54,39 +43,6 @@ def text_of(c: Console) -> str:
 def no_impl_override(monkeypatch):
     monkeypatch.delenv("KVKIT_IMPL", raising=False)
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # quicker step 7 runs (see test_steps.py)
-
-
-def test_fresh_copy_shows_step_1_pending_with_its_goal_and_failure(tmp_path):
-    folder = fresh_copy(tmp_path / "exercises")
-    c = console()
-    code = progress.progress_main(["--dir", str(folder)], console=c)
-    out = text_of(c)
-    assert code == 1
-    steps = progress.load_steps(folder)
-    lines = out.splitlines()
-    for step in steps:
-        row = next(line for line in lines if f"step {step.number}  " in line)
-        assert "pending" in row and "done" not in row, row
-    assert "<- you are here" in next(line for line in lines if "step 1  " in line)
-    assert f"Goal: {steps[0].goal}" in out
-    assert "First failing check: test_step1_cache.py::" in out
-    assert "step 1: KVCache.__init__ (kv_cache.py, line" in out and "NotImplementedError" in out
-    # the commands it suggests act on the folder it was given, not on the default one
-    flat = " ".join(out.split())
-    assert f"kvkit progress --dir {folder} --watch" in flat and f"kvkit hint --dir {folder}" in flat, out
-
-
-def test_a_copy_filled_with_the_reference_is_all_done(tmp_path):
-    folder = fresh_copy(tmp_path / "exercises")
-    _test_steps().filled_dir(folder)
-    c = console()
-    code = progress.progress_main(["--dir", str(folder)], console=c)
-    out = text_of(c)
-    assert code == 0, out
-    assert "All 7 steps done." in out
-    assert out.count(" done ") + out.count(" done\n") >= 7 or out.count("done") >= 7
-    assert "pending" not in out
-    assert "planted mistakes" in out  # step 7's kill matrix, read back from the report
 
 
 def write_fake(folder: Path, second_passes: bool = False) -> Path:
@@ -128,6 +84,9 @@ def test_the_current_step_is_the_first_pending_one(tmp_path):
     assert "First failing check: test_two.py::test_mask" in out
     assert "step 2: query 2 saw keys 0..2 but should see keys 0..6 (chunk_local_mask)" in out
     assert "(1 of 2 steps done)" in out
+    # the commands it suggests act on the folder it was given, not on the default one
+    flat = " ".join(out.split())
+    assert f"kvkit progress --dir {folder} --watch" in flat and f"kvkit hint --dir {folder}" in flat, out
 
 
 def test_hints_come_one_at_a_time(tmp_path):

@@ -11,8 +11,10 @@ Each step's tests run with pytest in their own process, through the seam
   catalogue.mutants.plant, or small PyTorch variants written here): the step
   that should catch each one fails, and its message names the mistake.
 
-The helpers here (``filled_dir``, ``GOOD_TEST_MINE``) are also used by
-test_progress.py and test_starter.py.
+What ``kvkit progress`` shows for a fresh copy and for one filled with the
+reference is checked here too, on the same step runs (test_progress.py covers
+the rest of the command). The helpers here (``fresh_copy``, ``filled_dir``,
+``GOOD_TEST_MINE``) are also used by test_progress.py and test_starter.py.
 """
 from __future__ import annotations
 
@@ -106,6 +108,12 @@ WEAK_TEST_MINE = GOOD_TEST_MINE.replace(
     "    ([[4], [1], [1]], 2, 2, 0),\n    ([[6], [1]], 1, 3, 0),\n")
 
 
+def fresh_copy(target: Path) -> Path:
+    """A copy of exercises/ as a learner gets it (the stubs, the step tests, steps.toml)."""
+    shutil.copytree(EXERCISES, target, ignore=shutil.ignore_patterns("__pycache__", ".*"))
+    return target
+
+
 def filled_dir(target: Path, test_mine: str = GOOD_TEST_MINE) -> Path:
     """``target`` holding the reference's three files and ``test_mine``: what a learner has at the end."""
     target.mkdir(parents=True, exist_ok=True)
@@ -133,10 +141,6 @@ def quick_pytest(monkeypatch):
     monkeypatch.delenv("KVKIT_IMPL", raising=False)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    return filled_dir(tmp_path_factory.mktemp("reference"))
-
 
 def test_steps_toml_lists_the_seven_steps_in_order():
     data = tomllib.loads((EXERCISES / "steps.toml").read_text())
@@ -151,26 +155,55 @@ def test_steps_toml_lists_the_seven_steps_in_order():
         assert step.fills
 
 
-@pytest.mark.parametrize("step", [s.number for s in STEPS])
-def test_every_step_passes_on_the_reference(step, reference):
-    result = run(step, reference)
-    assert result.status == "done", f"step {step} on the reference: {result.check}\n{result.failure}"
-    assert result.passed >= 1
-    if step == 7:  # the kill matrix comes back in the report
-        import json
+def rendered(results: list, folder: Path, prog: str) -> str:
+    """What ``kvkit progress`` prints for ``results`` (plain text, one line per line)."""
+    import io
 
-        from catalogue.mutants import PLANTED as planted
-        matrix = json.loads(result.properties["kill_matrix"])
-        assert matrix["your kv_cache.py"] == "pass" and matrix["chunk_local_mask"] == "fail"
-        assert set(planted) <= set(matrix)
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=400, soft_wrap=True, color_system=None)
+    progress.render(results, folder, progress.Out(console), prog)
+    return console.file.getvalue()
 
 
-@pytest.mark.parametrize("step", [s.number for s in STEPS])
-def test_every_step_fails_on_the_stubs_and_names_itself(step):
-    result = run(step, EXERCISES)
-    assert result.status == "pending", f"step {step} passed on the stubs"
-    assert result.failure.startswith(f"step {step}:"), result.failure
-    assert "not written yet" in result.failure or "NotImplementedError" in result.failure, result.failure
+def test_the_reference_passes_every_step_and_progress_says_all_done(tmp_path):
+    """A fresh copy of exercises/ filled with the reference: every step done, and step 7's kill matrix read back."""
+    folder = filled_dir(fresh_copy(tmp_path / "exercises"))
+    results = progress.run_all(STEPS, folder, jobs=1)
+    for step, result in zip(STEPS, results):
+        assert result.status == "done", f"step {step.number} on the reference: {result.check}\n{result.failure}"
+        assert result.passed >= 1
+    import json
+
+    from catalogue.mutants import PLANTED as planted
+    matrix = json.loads(results[-1].properties["kill_matrix"])
+    assert matrix["your kv_cache.py"] == "pass" and matrix["chunk_local_mask"] == "fail"
+    assert set(planted) <= set(matrix)
+    out = rendered(results, folder, "kvkit progress")
+    assert "All 7 steps done." in out and "pending" not in out
+    assert "planted mistakes" in out  # step 7's kill matrix, read back from the report
+
+
+def test_the_stubs_fail_every_step_naming_it_and_progress_points_at_step_1(tmp_path):
+    """A fresh copy of exercises/: every step pending, its first failure naming the step; step 1 is current."""
+    folder = fresh_copy(tmp_path / "exercises")
+    results = progress.run_all(STEPS, folder, jobs=1)
+    for step, result in zip(STEPS, results):
+        assert result.status == "pending", f"step {step.number} passed on the stubs"
+        assert result.failure.startswith(f"step {step.number}:"), result.failure
+        assert "not written yet" in result.failure or "NotImplementedError" in result.failure, result.failure
+    out = rendered(results, folder, f"kvkit progress --dir {folder}")
+    lines = out.splitlines()
+    for step in STEPS:
+        row = next(line for line in lines if f"step {step.number}  " in line)
+        assert "pending" in row and "done" not in row, row
+    assert "<- you are here" in next(line for line in lines if "step 1  " in line)
+    assert f"Goal: {STEPS[0].goal}" in out
+    assert "First failing check: test_step1_cache.py::" in out
+    assert "step 1: KVCache.__init__ (kv_cache.py, line" in out and "NotImplementedError" in out
+    # the commands it suggests act on the folder it was given, not on the default one
+    flat = " ".join(out.split())
+    assert f"kvkit progress --dir {folder} --watch" in flat and f"kvkit hint --dir {folder}" in flat, out
 
 
 PLANTED = {  # mistake id: the step that must catch it first

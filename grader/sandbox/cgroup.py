@@ -672,36 +672,47 @@ def remove_groups_of(pids: set, grace_s: float = 1.0) -> None:
         own = v2 if fstype == "cgroup2" else next((v1[c] for c in ("memory", "pids") if c in options and c in v1),
                                                   None)
         parents += _candidates([(mount_point, root)], own)
-    deadline = time.monotonic() + grace_s
-    for parent in dict.fromkeys(parents):
-        try:
-            names = os.listdir(parent)
-        except OSError:
-            continue
-        for name in names:
-            match = re.fullmatch(r"kvkit-(\d+)-\d+", name)
-            if not match or int(match[1]) not in pids:
+    def ours() -> list[str]:
+        found = []
+        for parent in dict.fromkeys(parents):
+            try:
+                names = os.listdir(parent)
+            except OSError:
                 continue
-            path = os.path.join(parent, name)
-            while True:
-                for folder, _, _ in os.walk(path):
+            for name in names:
+                match = re.fullmatch(r"kvkit-(\d+)-\d+", name)
+                if match and int(match[1]) in pids:
+                    found.append(os.path.join(parent, name))
+        return found
+
+    def kill_members(path: str) -> None:
+        for folder, _, _ in os.walk(path):
+            try:
+                with open(os.path.join(folder, "cgroup.procs")) as f:
+                    members = [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                members = []
+            for pid in members:
+                if pid != os.getpid():
                     try:
-                        with open(os.path.join(folder, "cgroup.procs")) as f:
-                            members = [int(x) for x in f.read().split()]
-                    except (OSError, ValueError):
-                        members = []
-                    for pid in members:
-                        if pid != os.getpid():
-                            try:
-                                os.kill(pid, signal.SIGKILL)
-                            except OSError:
-                                pass
-                try:
-                    _rmdir_tree(path)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as exc:  # EBUSY: its last processes are still exiting
-                    if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY) or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.02)
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+
+    # Every group's processes are killed at once, then the groups are removed as they empty; the listing is
+    # repeated until one finds nothing, so that a group whose removal failed once is tried again.
+    deadline = time.monotonic() + grace_s
+    while True:
+        groups = ours()
+        if not groups:
+            return
+        for path in groups:
+            kill_members(path)
+        for path in groups:
+            try:
+                _rmdir_tree(path)
+            except OSError:  # EBUSY: its last processes are still exiting; tried again on the next round
+                pass
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
