@@ -6,9 +6,12 @@ Nothing is guessed from source. Thresholds, with their reasons:
 
 * ``concat_growth``: 300 one-token appends after a prefill add 0.5x the live
   K/V or more to the peak of the prefill alone (a copy holds old and new), or
-  CPU time worth 150 copies of the cache (a copy per append is 300; in place,
-  next to nothing of either, though per-call overhead on a loaded machine was
-  seen at 52 "copies" of a 64 MiB cache).
+  CPU time worth 150 copies of the cache, a copy's CPU time measured by the
+  parent in the same run (a copy per append is 300; in place, next to nothing
+  of either. On this 2-core machine under load, the bundled honest examples
+  measured 1 to 2 copies, a cache that grows in steps 14, and the
+  concatenating example 685, where a copy timed by the wall clock had shrunk
+  that to 90).
 * ``kv_repeat``: a decode step's process peaks max(1.5, 0.3 (G - 1)) times the
   live K/V or more above the same decode at G = 1 (its twin: the same cache,
   tokens and max_len). A repeat of K alone adds about (G - 1)/2, of K and V
@@ -293,8 +296,8 @@ def in_place(runs: list, copy_s: float, explain: list | None = None) -> Criterio
     """One-token appends at a large live length, against the same prefill alone: the kernel's figures.
 
     ``runs`` is ``[(probe, task, expected)]`` for the probe with appends and
-    the one without (``grader.run.probes``); ``copy_s`` the seconds this
-    machine takes to copy the live K/V once, measured in the same run. Writing
+    the one without (``grader.run.probes``); ``copy_s`` the CPU seconds this
+    machine takes to copy the live K/V once, measured in the same run (``grader.run.copy_seconds``). Writing
     in place adds next to nothing; growing by concatenation or by
     reallocate-and-copy holds the old and the new buffer at once (memory) and
     copies the cache again and again (CPU). ``explain`` adds what in-process
