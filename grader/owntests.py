@@ -103,9 +103,11 @@ def criterion(session, files: list[str], task_of=None) -> Criterion:
         # cannot be judged, whether the tests look at the wrapper or the wrapper failed them. No guess.
         return Criterion("own_tests", "error", "own tests pass on the submission but fail on the control, the "
                          "submission run through the grader's wrapper with every outcome kept (KVCache as a "
-                         "subclass, gqa_attention wrapped, each returning a new array), so no planted mistake can "
-                         "be judged; tests that check outcomes, not types or object identity of the results, "
-                         "pass there" + _first_failure(runs.get(mutants.CONTROL, {})) + _kept(session, task_of))
+                         "subclass, gqa_attention wrapped, each returning a new array, each call sent to the "
+                         "grader and back, which adds time per call), so no planted mistake can be judged; tests "
+                         "that check outcomes, not the types or object identity of the results and not how long "
+                         "calls take, pass there" + _first_failure(runs.get(mutants.CONTROL, {}))
+                         + _kept(session, task_of))
     matrix = mutants.kill_matrix({v: code(v) for v in runs})
     if KEY_MUTANT in matrix["not_run"]:
         # Whether the tests catch it is unknown: no guess either way.

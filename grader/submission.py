@@ -23,6 +23,7 @@ import zipfile
 
 MAX_FILE_BYTES = 1 * 2**20
 MAX_ZIP_ENTRIES = 2000  # a zip with more entries is refused before any is read
+MAX_ZIP_DIRECTORY_BYTES = MAX_ZIP_ENTRIES * 1024  # ... or with a larger central directory (names up to ~1 KiB)
 MAX_NOTEBOOK_BYTES = 16 * 2**20  # parsed in the grader's process: bounded
 MAX_TOTAL_BYTES = 8 * 2**20
 SKIP_DIRS = {".git", "__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".kvkit", "node_modules"}
@@ -380,28 +381,42 @@ def materialize(path: str, workdir: str) -> list[str]:
     return sorted(written)
 
 
-def _zip_entries(path: str) -> int:
-    """The entry count a zip's end-of-central-directory record announces (read before the directory is parsed)."""
+def _zip_directory(path: str) -> tuple[int, int]:
+    """``(entries, central directory bytes)`` as the zip's end records announce them, read before the
+    directory is parsed (zip64 records included); ``(0, 0)`` when there is no end record (zipfile says so).
+
+    zipfile parses the directory by its announced size, whatever the announced count: both are bounded.
+    """
     import struct
 
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
         size = f.tell()
-        f.seek(max(0, size - 65536 - 22))
+        start = max(0, size - 65536 - 22)
+        f.seek(start)
         tail = f.read()
-    at = tail.rfind(b"PK\x05\x06")
-    if at < 0 or at + 22 > len(tail):
-        return 0  # not a zip (or a zip64 one): zipfile says so below
-    return struct.unpack_from("<H", tail, at + 10)[0]
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or at + 22 > len(tail):
+            return 0, 0
+        entries, cd_bytes = struct.unpack_from("<HI", tail, at + 10)
+        locator = at - 20
+        if (entries == 0xFFFF or cd_bytes == 0xFFFFFFFF) and locator >= 0 and tail[locator:locator + 4] == b"PK\x06\x07":
+            f.seek(struct.unpack_from("<Q", tail, locator + 8)[0])
+            record = f.read(56)
+            if len(record) == 56 and record[:4] == b"PK\x06\x06":
+                entries, cd_bytes = struct.unpack_from("<QQ", record, 32)
+    return entries, cd_bytes
 
 
 def _materialize_zip(path: str, workdir: str) -> list[str]:
     """A zipped directory: its regular files extracted (no links, no absolute or ``..`` paths,
     bounded sizes) into a scratch folder, then laid out like a directory; a single top
     folder inside the zip is taken as the submission."""
-    if _zip_entries(path) > MAX_ZIP_ENTRIES:
-        raise SubmissionError(f"{path}: a zip of {_zip_entries(path):,} entries (at most {MAX_ZIP_ENTRIES:,} "
-                              "are read); zip only the submission's folder")
+    entries, cd_bytes = _zip_directory(path)
+    if entries > MAX_ZIP_ENTRIES or cd_bytes > MAX_ZIP_DIRECTORY_BYTES:
+        shown = f"{entries:,} entries" if entries > MAX_ZIP_ENTRIES else f"a directory of {cd_bytes:,} bytes"
+        raise SubmissionError(f"{path}: a zip with {shown} (at most {MAX_ZIP_ENTRIES:,} entries are read); "
+                              "zip only the submission's folder")
     scratch = tempfile.mkdtemp(prefix=f"kvkit-zip-{os.getpid()}-")
     try:
         try:

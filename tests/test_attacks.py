@@ -267,6 +267,59 @@ def gqa_attention(q, cache, n_new):
         raise MemoryError("context too long for this port")
     return _repeating_attention(q, cache, n_new)
 '''
+# A cache that grows by concatenation (a copy of K and V on every append that needs room). The attack does the
+# appends' copies once more where only the growth probe's run without appends goes: reading k after exactly
+# one append, before any attention. That run is subtracted from the run with appends.
+CONCAT = BASE + '''
+_right_attention = gqa_attention
+
+
+class KVCache:
+    def __init__(self, batch, kv_heads, max_len, head_dim, dtype=np.float32):
+        self.max_len = int(max_len)
+        self._k = np.zeros((int(batch), int(kv_heads), 0, int(head_dim)), dtype=dtype)
+        self._v = np.zeros_like(self._k)
+        self.lens = np.zeros(int(batch), dtype=np.int64)
+        self._appends, self._attended, self._dear = 0, False, False
+
+    k = property(lambda self: self._read_k())
+    v = property(lambda self: self._v)
+
+    def _read_k(self):
+        if WHEN_READ and self._appends == 1 and not self._attended and not self._dear and self._k.nbytes >= 16 << 20:
+            self._dear = True
+            for _ in range(300):
+                self._grow(1)
+        return self._k
+
+    def _grow(self, extra):
+        pad = np.zeros(self._k.shape[:2] + (extra, self._k.shape[3]), dtype=self._k.dtype)
+        self._k = np.concatenate([self._k, pad], axis=2)
+        self._v = np.concatenate([self._v, pad], axis=2)
+
+    def append(self, k_new, v_new, n_new):
+        k_new, v_new = np.asarray(k_new), np.asarray(v_new)
+        B, Hkv, _, d = self._k.shape
+        if k_new.ndim != 4 or k_new.shape[:2] != (B, Hkv) or k_new.shape[3] != d or v_new.shape != k_new.shape:
+            raise ValueError(f"k_new and v_new must be [B, Hkv, T, d] = [{B}, {Hkv}, T, {d}]")
+        n_new = check_counts(n_new, B, k_new.shape[2])
+        end = self.lens + n_new
+        if (end > self.max_len).any():
+            raise ValueError(f"append would pass max_len={self.max_len}")
+        extra = int(end.max(initial=0)) - self._k.shape[2]
+        if extra > 0:
+            self._grow(extra)
+        for b in range(B):
+            self._k[b, :, self.lens[b]:end[b]] = k_new[b, :, :n_new[b]]
+            self._v[b, :, self.lens[b]:end[b]] = v_new[b, :, :n_new[b]]
+        self.lens = end
+        self._appends += 1
+
+
+def gqa_attention(q, cache, n_new):
+    cache._attended = True
+    return _right_attention(q, cache, n_new)
+'''
 REWRITE_ANSWERS = '''
 import sys as _sys
 
@@ -436,6 +489,9 @@ for _fd in range(3, 64):
     # trusted first process, it once ended the sandbox before any task, which read as the kit's failure.
     "preimport_that_exits": ({"kv_cache.py": wrong() + "\nif False:\n    import unittest.__main__\n"},
                              "control_chunk_local"),
+    "control_concat": ({"kv_cache.py": CONCAT.replace("WHEN_READ", "False")}, None),
+    "concat_dear_when_read_after_the_prefill": ({"kv_cache.py": CONCAT.replace("WHEN_READ", "True")},
+                                                "control_concat"),
     "honest_imports_torch_and_matplotlib": ({"kv_cache.py": BASE.replace(
         "import math\n", "import math\n\nimport matplotlib\nimport torch\n", 1)}, None),
 }
@@ -563,16 +619,26 @@ def test_containment_left_nothing_behind(graded):
 
 
 def test_zip_of_many_entries_is_refused_fast(tmp_path):
+    """Refused from its end record, before zipfile parses the directory: also when the record announces one
+    entry (zipfile would read the whole directory by its announced size, in the grader's own process)."""
+    import struct
+
+    from grader.grade import Options, grade
+
     path = tmp_path / "many.zip"
     with zipfile.ZipFile(path, "w") as zf:
         for i in range(100_000):
             zf.writestr(f"e{i}", b"")
-    started = time.monotonic()
-    from grader.grade import Options, grade
-
-    report = grade(str(path), Options(seed=1, trials=5))
-    assert time.monotonic() - started < 3.0
-    assert report["status"] == "not_graded" and "entries" in report["tier_reason"]
+    data = bytearray(path.read_bytes())
+    end = data.rfind(b"PK\x05\x06")
+    struct.pack_into("<HH", data, end + 8, 1, 1)  # "1 entry", the directory as large as before
+    lying = tmp_path / "lying.zip"
+    lying.write_bytes(bytes(data))
+    for zipped, says in ((path, "100,000 entries"), (lying, "a directory of")):
+        started = time.monotonic()
+        report = grade(str(zipped), Options(seed=1, trials=5))
+        assert time.monotonic() - started < 3.0
+        assert report["status"] == "not_graded" and says in report["tier_reason"], report["tier_reason"]
 
 
 def test_symlinked_submission_is_refused(tmp_path):
@@ -638,6 +704,14 @@ def test_a_damaged_zip_is_not_graded_and_says_why(tmp_path, damage):
 
     report = grade(str(path), Options(seed=1, trials=5))
     assert report["status"] == "not_graded" and "could not be unpacked" in report["tier_reason"], report["tier_reason"]
+
+
+@pytest.mark.parametrize("case", ["control_concat", "concat_dear_when_read_after_the_prefill"])
+def test_growth_by_copying_is_named_however_dear_the_prefill_run(graded, case):
+    report = graded[1][case]
+    crit = {c["id"]: c for c in report["criteria"]}["preallocated_in_place"]
+    assert crit["status"] == "fail" and "concat_growth" in report["mistakes"], crit
+    assert report["tier"] == "Weak"
 
 
 def test_a_disguised_chunk_mask_is_still_weak(graded):

@@ -229,6 +229,21 @@ def test_the_prefill_is_judged_above_the_cache_made_and_left_empty(empty_mib, st
     assert not crit.mistakes
 
 
+@pytest.mark.parametrize("base_cpu_s,status", [(0.05, "fail"), (7.0, "fail"), (0.05, "pass")])
+def test_a_dear_prefill_run_cannot_hide_the_appends_cpu(base_cpu_s, status):
+    """The run without appends ends differently, so a cache can make it dearer (do the appends' copies when
+    it is read after one append): it is credited with at most PREFILL_COPIES, and 300 copies still show."""
+    from grader import run
+
+    live = next(p for p in run.probes(1) if p.name == "grow-base").live_bytes / 2**20
+    appends_cpu = 7.0 if status == "fail" else 0.1  # 700 copies of 0.01 s, or an append in place
+    runs = [_probe_run("grow", live + 10, cpu_s=appends_cpu), _probe_run("grow-base", live + 10, cpu_s=base_cpu_s),
+            _probe_run("grow-empty", 5)]
+    crit = criteria.in_place(runs, copy_s=0.01)
+    assert crit.status == status, crit.evidence
+    assert crit.mistakes == (["concat_growth"] if status == "fail" else []), crit.evidence
+
+
 def test_memory_for_every_query_head_whatever_the_heads_fails_unnamed():
     """A workspace sized for G = 8 whatever G is (so the twin holds as much) cancels in the difference: at
     the largest layout its absolute peak still fails the criterion, without naming kv_repeat (no pattern)."""
