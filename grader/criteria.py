@@ -13,7 +13,9 @@ Nothing is guessed from source. Thresholds, with their reasons:
   concatenating example 685, where a copy timed by the wall clock had shrunk
   that to 90). The run of the prefill alone, subtracted from the appends' run,
   counts for at most 50 copies: it ends differently, so a cache can tell it
-  apart and make it dearer, and the appends' CPU must still show.
+  apart and make it dearer, and the appends' CPU must still show. Appends so
+  dear that their run is stopped for its time are named by the kernel's CPU
+  figure up to the stop, when it is past the limit (else nothing is judged).
 * ``kv_repeat``: a decode step's process peaks max(1.5, 0.3 (G - 1)) times the
   live K/V or more above the same decode at G = 1 (its twin: the same cache,
   tokens and max_len). A repeat of K alone adds about (G - 1)/2, of K and V
@@ -311,9 +313,12 @@ def in_place(runs: list, copy_s: float, explain: list | None = None) -> Criterio
     by_name = {role(p.config): (p, t, e) for p, t, e in runs}
     if set(by_name) != {"empty", "appends", "prefill"}:
         return Criterion(cid, "error", "the growth probes were not planned")
-    for probe, task, expected in by_name.values():
+    stopped = ""  # why the run with appends has no answer, when it was stopped for its time
+    for name, (probe, task, expected) in by_name.items():
         why = probe_failure(task, probe.config, expected)
-        if why:
+        if why and name == "appends" and task is not None and task.stopped == "timeout":
+            stopped = why  # the kernel's CPU figure up to the stop still says what the appends cost
+        elif why:
             return Criterion(cid, "error", f"the growth probe: {why}")
     (probe, task, _), (base_probe, base, _) = by_name["appends"], by_name["prefill"]
     empty_probe, empty, _ = by_name["empty"]
@@ -327,6 +332,18 @@ def in_place(runs: list, copy_s: float, explain: list | None = None) -> Criterio
                          f"{_layout(base_probe.config)} adds {prefill:.1f}x the live K/V to the peak of the cache "
                          f"made and left empty (the cache plus one copy of the new tokens is 2x): the append holds "
                          f"far more than the tokens it writes (copies of the cache or of the input)")
+    if stopped:
+        # Appends so dear that the run did not finish: named when what they had cost by then shows the pattern.
+        spent = max(task.cpu_s - min(base.cpu_s, PREFILL_COPIES * copy_s), 0.0)
+        copies = spent / copy_s if copy_s > 0 else 0.0
+        if copies < GROWTH_COPIES:
+            return Criterion(cid, "error", f"the growth probe: {stopped}")
+        return Criterion(cid, "fail", f"{probe.config['appends']} one-token appends after a prefill of "
+                         f"{probe.config['live']:,} tokens at {_layout(probe.config)} ({_mib(live)} live) did not "
+                         f"finish in time; by then they had used {spent * 1e3:.0f} ms CPU beyond the prefill alone "
+                         f"(the time of about {round(copies)} copies of the cache; copying it on every append would "
+                         f"be about {probe.config['appends']}): the cache is copied as it grows",
+                         mistakes=["concat_growth"])
     memory = (task.memory_bytes - base.memory_bytes) / live
     # The prefill alone is credited with its own CPU time up to PREFILL_COPIES: the run without appends ends
     # differently, so a cache can tell it apart and inflate it, and the difference must not hide the appends.

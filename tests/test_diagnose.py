@@ -244,6 +244,24 @@ def test_a_dear_prefill_run_cannot_hide_the_appends_cpu(base_cpu_s, status):
     assert crit.mistakes == (["concat_growth"] if status == "fail" else []), crit.evidence
 
 
+@pytest.mark.parametrize("cpu_s,status", [(5.0, "fail"), (0.5, "error")])
+def test_appends_stopped_for_their_time_are_named_by_what_they_cost(cpu_s, status):
+    """A cache that copies its whole reservation on every append may not finish the 300 appends in time: the
+    kernel's CPU figure up to the stop names the copying when it is past the limit, else nothing is judged."""
+    from grader import run
+
+    live = next(p for p in run.probes(1) if p.name == "grow-base").live_bytes / 2**20
+    appends = _probe_run("grow", live + 10, cpu_s=cpu_s)
+    appends[1].answer, appends[1].blob, appends[1].stopped, appends[1].exit = None, b"", "timeout", None
+    runs = [appends, _probe_run("grow-base", live + 10, cpu_s=0.05), _probe_run("grow-empty", 5)]
+    crit = criteria.in_place(runs, copy_s=0.01)
+    assert crit.status == status, crit.evidence
+    if status == "fail":
+        assert crit.mistakes == ["concat_growth"] and "did not finish in time" in crit.evidence, crit.evidence
+    else:
+        assert not crit.mistakes and "did not finish in time" in crit.evidence, crit.evidence
+
+
 def test_memory_for_every_query_head_whatever_the_heads_fails_unnamed():
     """A workspace sized for G = 8 whatever G is (so the twin holds as much) cancels in the difference: at
     the largest layout its absolute peak still fails the criterion, without naming kv_repeat (no pattern)."""
