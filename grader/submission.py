@@ -24,6 +24,7 @@ import zipfile
 MAX_FILE_BYTES = 1 * 2**20
 MAX_ZIP_ENTRIES = 2000  # a zip with more entries is refused before any is read
 MAX_ZIP_DIRECTORY_BYTES = MAX_ZIP_ENTRIES * 1024  # ... or with a larger central directory (names up to ~1 KiB)
+MAX_DEPTH = 16  # folders deep past which nothing of a hand-back is read (a zip's entries, a folder's files)
 MAX_NOTEBOOK_BYTES = 16 * 2**20  # parsed in the grader's process: bounded
 MAX_TOTAL_BYTES = 8 * 2**20
 SKIP_DIRS = {".git", "__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".kvkit", "node_modules"}
@@ -354,6 +355,8 @@ def materialize(path: str, workdir: str) -> list[str]:
     written, total = [], 0
     for root, dirs, files in os.walk(path, followlinks=False):
         dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not os.path.islink(os.path.join(root, d))]
+        if os.path.relpath(root, path).count(os.sep) + 2 > MAX_DEPTH:
+            dirs[:] = []  # deeper is not read (and os.walk recurses: a deep enough tree would end it)
         for name in files:
             src = os.path.join(root, name)
             rel = os.path.relpath(src, path)
@@ -436,6 +439,8 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
                     continue  # directories are made as needed; links and devices are never extracted
                 parts = name.replace("\\", "/").split("/")
                 if name.startswith("/") or ".." in parts or any(p in SKIP_DIRS for p in parts):
+                    continue
+                if len(parts) > MAX_DEPTH:  # a submission is a few folders deep: deeper is not read
                     continue
                 total += info.file_size
                 if info.file_size > MAX_FILE_BYTES or total > MAX_TOTAL_BYTES:

@@ -320,6 +320,139 @@ def gqa_attention(q, cache, n_new):
     cache._attended = True
     return _right_attention(q, cache, n_new)
 '''
+# The same growth by copying, with each copy made by a helper process the task never waits for (its CPU time
+# would be missing from the task's own), between two generations of one shared mapping laid out at the
+# prefill (within the prefill's memory limit). From the attack review of 2026-12-01.
+UNWAITED_HELPER = BASE + '''
+_right_attention = gqa_attention
+import mmap as _mmap, os as _os, struct as _struct
+
+_BIG = 16 << 20
+
+
+def _helper_loop(rfd, wfd, arena, dtype, B, H, d, full):
+    """Runs in a process the task never waits for: copies one generation of the cache into the other."""
+    while True:
+        msg = b""
+        while len(msg) < 24:
+            part = _os.read(rfd, 24 - len(msg))
+            if not part:
+                _os._exit(0)
+            msg += part
+        src, L, newL = _struct.unpack("qqq", msg)
+        dst = 1 - src
+        for kv in (0, 1):
+            s = np.frombuffer(arena, dtype=dtype, count=B * H * L * d, offset=(src * 2 + kv) * full).reshape(B, H, L, d)
+            t = np.frombuffer(arena, dtype=dtype, count=B * H * newL * d,
+                              offset=(dst * 2 + kv) * full).reshape(B, H, newL, d)
+            t[:, :, :L] = s
+            t[:, :, L:] = 0
+            if L == 0:  # the first allocation: both generations are laid out at once
+                o = np.frombuffer(arena, dtype=dtype, count=B * H * newL * d, offset=(src * 2 + kv) * full)
+                o[:] = 0
+            del s, t
+        _os.write(wfd, b"k")
+
+
+class KVCache:
+    def __init__(self, batch, kv_heads, max_len, head_dim, dtype=np.float32):
+        self.max_len = int(max_len)
+        B, H, d = int(batch), int(kv_heads), int(head_dim)
+        self._dt = np.dtype(dtype)
+        self._shape = (B, H, d)
+        self.lens = np.zeros(B, dtype=np.int64)
+        self._L = 0
+        full = B * H * self.max_len * d * self._dt.itemsize
+        self._remote = full >= _BIG
+        if self._remote:
+            self._full = full
+            self._arena = _mmap.mmap(-1, 4 * full)
+            self._gen = 0
+            self._pid = None
+        else:
+            self._k = np.zeros((B, H, 0, d), dtype=self._dt)
+            self._v = np.zeros_like(self._k)
+
+    def _start(self):
+        B, H, d = self._shape
+        r1, w1 = _os.pipe()
+        r2, w2 = _os.pipe()
+        pid = _os.fork()
+        if pid == 0:
+            try:
+                for fd in range(3, 1024):
+                    if fd not in (r1, w2):
+                        try:
+                            _os.close(fd)
+                        except OSError:
+                            pass
+                _helper_loop(r1, w2, self._arena, self._dt, B, H, d, self._full)
+            finally:
+                _os._exit(0)
+        _os.close(r1)
+        _os.close(w2)
+        self._pid, self._to, self._from = pid, w1, r2
+
+    def _stop(self):
+        if self._pid is not None:
+            _os.close(self._to)  # EOF: the helper ends
+            _os.close(self._from)
+            try:  # wait for its end without reaping it (its CPU time is never added to ours)
+                _os.waitid(_os.P_PID, self._pid, _os.WEXITED | _os.WNOWAIT)
+            except OSError:
+                pass
+            self._pid = None
+
+    def _view(self, kv):
+        B, H, d = self._shape
+        return np.frombuffer(self._arena, dtype=self._dt, count=B * H * self._L * d,
+                             offset=(self._gen * 2 + kv) * self._full).reshape(B, H, self._L, d)
+
+    def _outside(self, kv):
+        if not self._remote:
+            return self._k if kv == 0 else self._v
+        self._stop()
+        return self._view(kv)
+
+    k = property(lambda self: self._outside(0))
+    v = property(lambda self: self._outside(1))
+
+    def _grow(self, extra):
+        if self._remote:  # a new buffer of the new length, the old one copied into it (by the helper)
+            if self._pid is None:
+                self._start()
+            _os.write(self._to, _struct.pack("qqq", self._gen, self._L, self._L + extra))
+            if _os.read(self._from, 1) != b"k":
+                raise RuntimeError("helper gone")
+            self._gen, self._L = 1 - self._gen, self._L + extra
+            return
+        pad = np.zeros(self._k.shape[:2] + (extra, self._k.shape[3]), dtype=self._k.dtype)
+        self._k = np.concatenate([self._k, pad], axis=2)
+        self._v = np.concatenate([self._v, pad], axis=2)
+
+    def append(self, k_new, v_new, n_new):
+        k_new, v_new = np.asarray(k_new), np.asarray(v_new)
+        B, Hkv, d = self._shape
+        if k_new.ndim != 4 or k_new.shape[:2] != (B, Hkv) or k_new.shape[3] != d or v_new.shape != k_new.shape:
+            raise ValueError(f"k_new and v_new must be [B, Hkv, T, d] = [{B}, {Hkv}, T, {d}]")
+        n_new = check_counts(n_new, B, k_new.shape[2])
+        end = self.lens + n_new
+        if (end > self.max_len).any():
+            raise ValueError(f"append would pass max_len={self.max_len}")
+        cur = self._L if self._remote else self._k.shape[2]
+        extra = int(end.max(initial=0)) - cur
+        if extra > 0:
+            self._grow(extra)
+        k, v = (self._view(0), self._view(1)) if self._remote else (self._k, self._v)
+        for b in range(B):
+            k[b, :, self.lens[b]:end[b]] = k_new[b, :, :n_new[b]]
+            v[b, :, self.lens[b]:end[b]] = v_new[b, :, :n_new[b]]
+        self.lens = end
+
+
+def gqa_attention(q, cache, n_new):
+    return _right_attention(q, cache, n_new)
+'''
 REWRITE_ANSWERS = '''
 import sys as _sys
 
@@ -492,6 +625,7 @@ for _fd in range(3, 64):
     "control_concat": ({"kv_cache.py": CONCAT.replace("WHEN_READ", "False")}, None),
     "concat_dear_when_read_after_the_prefill": ({"kv_cache.py": CONCAT.replace("WHEN_READ", "True")},
                                                 "control_concat"),
+    "concat_copied_by_an_unwaited_helper": ({"kv_cache.py": UNWAITED_HELPER}, "control_concat"),
     "honest_imports_torch_and_matplotlib": ({"kv_cache.py": BASE.replace(
         "import math\n", "import math\n\nimport matplotlib\nimport torch\n", 1)}, None),
 }
@@ -706,7 +840,8 @@ def test_a_damaged_zip_is_not_graded_and_says_why(tmp_path, damage):
     assert report["status"] == "not_graded" and "could not be unpacked" in report["tier_reason"], report["tier_reason"]
 
 
-@pytest.mark.parametrize("case", ["control_concat", "concat_dear_when_read_after_the_prefill"])
+@pytest.mark.parametrize("case", ["control_concat", "concat_dear_when_read_after_the_prefill",
+                                  "concat_copied_by_an_unwaited_helper"])
 def test_growth_by_copying_is_named_however_dear_the_prefill_run(graded, case):
     report = graded[1][case]
     crit = {c["id"]: c for c in report["criteria"]}["preallocated_in_place"]
@@ -724,3 +859,29 @@ def test_naming_a_module_that_exits_on_import_still_gets_a_verdict(graded):
     report = graded[1]["preimport_that_exits"]
     assert report["status"] == "graded" and report["tier"] == "Weak" and "chunk_local_mask" in report["mistakes"], \
         report["tier_reason"]
+
+
+def test_a_deep_tree_is_read_only_to_a_few_folders(tmp_path):
+    """A hand-back nested 1,100 folders deep (which would end os.walk's recursion), folder or zip, is read to
+    ``MAX_DEPTH`` folders, in the grader's own process, quickly: its kv_cache.py at the top is graded."""
+    from grader import submission
+
+    folder = tmp_path / "deep"
+    (folder / "kv_cache.py").parent.mkdir(parents=True)
+    (folder / "kv_cache.py").write_text(BASE)
+    deep = folder
+    for _ in range(1100):  # one level at a time: os.makedirs itself recurses
+        deep = deep / "d"
+        deep.mkdir()
+    zipped = tmp_path / "deep.zip"
+    with zipfile.ZipFile(zipped, "w") as zf:
+        zf.writestr("kv_cache.py", BASE)
+        for i in range(50):
+            zf.writestr("/".join([f"x{i}"] + ["d"] * 400) + "/notes.txt", "deep")
+    for path in (folder, zipped):
+        work = tmp_path / f"work-{path.name}"
+        work.mkdir()
+        started = time.monotonic()
+        written = submission.materialize(str(path), str(work))
+        assert time.monotonic() - started < 5.0
+        assert written == ["kv_cache.py"], written
