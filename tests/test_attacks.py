@@ -453,6 +453,13 @@ class KVCache:
 def gqa_attention(q, cache, n_new):
     return _right_attention(q, cache, n_new)
 '''
+# ... and with SIGCHLD ignored, so that the kernel reaps the helper the moment it ends: no wait4 anywhere sees its
+# CPU time (the sandbox's cgroup does).
+KERNEL_REAPED_HELPER = UNWAITED_HELPER.replace(
+    "        pid = _os.fork()\n",
+    "        __import__('signal').signal(__import__('signal').SIGCHLD, __import__('signal').SIG_IGN)\n"
+    "        pid = _os.fork()\n", 1).replace(
+    "_os.waitid(_os.P_PID, self._pid, _os.WEXITED | _os.WNOWAIT)", "_os.waitpid(self._pid, 0)", 1)
 REWRITE_ANSWERS = '''
 import sys as _sys
 
@@ -626,6 +633,7 @@ for _fd in range(3, 64):
     "concat_dear_when_read_after_the_prefill": ({"kv_cache.py": CONCAT.replace("WHEN_READ", "True")},
                                                 "control_concat"),
     "concat_copied_by_an_unwaited_helper": ({"kv_cache.py": UNWAITED_HELPER}, "control_concat"),
+    "concat_copied_by_a_helper_the_kernel_reaps": ({"kv_cache.py": KERNEL_REAPED_HELPER}, "control_concat"),
     "honest_imports_torch_and_matplotlib": ({"kv_cache.py": BASE.replace(
         "import math\n", "import math\n\nimport matplotlib\nimport torch\n", 1)}, None),
 }
@@ -652,7 +660,7 @@ def graded(tmp_path_factory):
     out = root / "out"
     env = {**os.environ, "KVKIT_SANDBOX_MEMORY_MB": "2048", "TMPDIR": str(scratch), "KVKIT_PROBE_DATA": str(data)}
     proc = subprocess.run([sys.executable, "-m", "grader", *paths, "--out", str(out), "--quiet", "--jobs", "2",
-                           "--timeout", "30", "--trials", "20", "--seed", "7"],
+                           "--timeout", "60", "--trials", "20", "--seed", "7"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     reports = {}
     for name in os.listdir(out):
@@ -841,7 +849,7 @@ def test_a_damaged_zip_is_not_graded_and_says_why(tmp_path, damage):
 
 
 @pytest.mark.parametrize("case", ["control_concat", "concat_dear_when_read_after_the_prefill",
-                                  "concat_copied_by_an_unwaited_helper"])
+                                  "concat_copied_by_an_unwaited_helper", "concat_copied_by_a_helper_the_kernel_reaps"])
 def test_growth_by_copying_is_named_however_dear_the_prefill_run(graded, case):
     report = graded[1][case]
     crit = {c["id"]: c for c in report["criteria"]}["preallocated_in_place"]

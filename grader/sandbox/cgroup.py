@@ -233,6 +233,7 @@ class Cgroup:
         self.memory_bytes = int(memory_bytes)
         self.max_pids = int(max_pids)
         self.paths = ()
+        self._cpu_path: str | None = None
         self._closed = False
         self._owner_pid = os.getpid()
         self._peak_fd: int | None = None
@@ -255,9 +256,42 @@ class Cgroup:
             raise OSError(last.errno if last and last.errno else errno.ENOENT,
                           "cannot create a memory+pids cgroup: " + "; ".join(errors))
 
-        self._procs_files = tuple(os.path.join(p, "cgroup.procs") for p in self.paths)
+        # CPU time of everything in the group, read by the parent: v2 keeps it in every group's cpu.stat;
+        # v1 needs a cpuacct group of the same name, made where the hierarchy allows (else None: no figure).
+        self._cpu_path = self.paths[0] if self.version == 2 else self._make_v1_cpuacct()
+        self._procs_files = tuple(os.path.join(p, "cgroup.procs") for p in self.paths + self._extra_paths())
         if self.version == 2:
             self._setup_peak_v2()
+
+    def _extra_paths(self) -> tuple[str, ...]:
+        return (self._cpu_path,) if self.version == 1 and self._cpu_path else ()
+
+    def _make_v1_cpuacct(self) -> str | None:
+        _, own = _self_cgroups()
+        pairs = [(mp, root) for fs, root, mp, opts in _mounts() if fs == "cgroup" and "cpuacct" in opts]
+        name = os.path.basename(self.paths[0])
+        for parent in _candidates(pairs, own.get("cpuacct")):
+            path = os.path.join(parent, name)
+            try:
+                os.mkdir(path)
+            except OSError:
+                continue
+            if os.path.exists(os.path.join(path, "cpuacct.usage")):
+                return path
+            _remove_quietly([path])
+        return None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds used so far by every process that has been in the group, reaped or not, or None when
+        this group has no CPU figure (a v1 machine without a cpuacct hierarchy we may write)."""
+        if not self._cpu_path:
+            return None
+        try:
+            if self.version == 2:
+                return _read_keyed(os.path.join(self._cpu_path, "cpu.stat"))["usage_usec"] / 1e6
+            return _read_int(os.path.join(self._cpu_path, "cpuacct.usage")) / 1e9
+        except (OSError, ValueError, KeyError):
+            return None
 
     # ----------------------------------------------------------------- creation
 
@@ -525,7 +559,7 @@ class Cgroup:
 
     def _members(self) -> set[int]:
         found: set[int] = set()
-        for path in self.paths:
+        for path in self.paths + self._extra_paths():
             # Include groups a (root) child may have made inside ours.
             for dirpath, _dirs, _files in os.walk(path):
                 try:
@@ -577,7 +611,7 @@ class Cgroup:
             except OSError:
                 pass
             self._peak_fd = None
-        _remove_quietly(list(self.paths), kill=self)
+        _remove_quietly(list(self.paths + self._extra_paths()), kill=self)
 
     def __enter__(self) -> "Cgroup":
         return self
@@ -669,8 +703,8 @@ def remove_groups_of(pids: set, grace_s: float = 1.0) -> None:
     v2, v1 = _self_cgroups()
     parents = []
     for fstype, root, mount_point, options in _mounts():
-        own = v2 if fstype == "cgroup2" else next((v1[c] for c in ("memory", "pids") if c in options and c in v1),
-                                                  None)
+        own = v2 if fstype == "cgroup2" else next((v1[c] for c in ("memory", "pids", "cpuacct")
+                                                   if c in options and c in v1), None)
         parents += _candidates([(mount_point, root)], own)
     def ours() -> list[str]:
         found = []

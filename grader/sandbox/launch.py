@@ -553,6 +553,7 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
     """The session's dialogue: ready -> (reset the high-water mark) go -> done, per task."""
     deadline = time.monotonic() + limits.wall_s
     base_usage = None
+    cpu_marks: dict = {}  # serial task -> the group's CPU seconds at its "ready"
     known = {str(t.get("name")) for t in job["tasks"]}
     while True:
         obj, blob = channel.next_frame(deadline)
@@ -576,6 +577,9 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
                 # The baseline is the fresh sandbox's usage, before any task: memory an earlier task left
                 # behind (shared memory, files in the tmpfs) counts against the next, never as a credit.
                 base_usage = group.usage() if base_usage is None else base_usage
+                # The group's CPU time at a serial task's start: what every process in the sandbox uses until
+                # its "done" is the task's (a child it never waited for, or one the kernel reaped for it, too).
+                cpu_marks[str(obj.get("task", ""))[:80]] = group.cpu_seconds()
             if not channel.send(*reply, deadline=deadline):
                 result.reason = "the sandbox stopped listening (or stopped reading before the session's deadline)"
                 return
@@ -595,6 +599,9 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
                 task.answer, task.answer_error = None, str(exc)
             if group is not None:
                 task.memory_bytes, task.memory_source = max(group.peak() - (base_usage or 0), 0), "cgroup"
+                start, now = cpu_marks.get(name), group.cpu_seconds()
+                if start is not None and now is not None:
+                    task.cpu_s = max(task.cpu_s, now - start)
             else:
                 task.memory_bytes = max(int(obj.get("maxrss_kib") or 0) - int(obj.get("rss_before_kib") or 0), 0) * 1024
                 task.memory_source = "rss"
