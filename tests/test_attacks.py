@@ -872,15 +872,23 @@ def test_naming_a_module_that_exits_on_import_still_gets_a_verdict(graded):
 def test_a_deep_tree_is_read_only_to_a_few_folders(tmp_path):
     """A hand-back nested 1,100 folders deep (which would end os.walk's recursion), folder or zip, is read to
     ``MAX_DEPTH`` folders, in the grader's own process, quickly: its kv_cache.py at the top is graded."""
-    from grader import submission
-
     folder = tmp_path / "deep"
     (folder / "kv_cache.py").parent.mkdir(parents=True)
     (folder / "kv_cache.py").write_text(BASE)
-    deep = folder
+    chain = [folder]
     for _ in range(1100):  # one level at a time: os.makedirs itself recurses
-        deep = deep / "d"
-        deep.mkdir()
+        chain.append(chain[-1] / "d")
+        chain[-1].mkdir()
+    try:
+        _read_deep_hand_backs(tmp_path, folder)
+    finally:
+        for level in reversed(chain[1:]):  # bottom up: shutil.rmtree (pytest's clean-up too) recurses
+            level.rmdir()
+
+
+def _read_deep_hand_backs(tmp_path, folder):
+    from grader import submission
+
     zipped = tmp_path / "deep.zip"
     with zipfile.ZipFile(zipped, "w") as zf:
         zf.writestr("kv_cache.py", BASE)
