@@ -247,7 +247,10 @@ def test_an_endless_loop_is_named_with_its_function_and_line_in_bounded_time(tmp
 
 def test_a_loop_that_swallows_the_interruption_is_ended_and_named_by_the_standalone_script(tmp_path):
     """The backstop: faulthandler writes the stuck stack to a file, ends pytest, and progress.py reads it back."""
-    loop = "    while True:\n        try:\n            sum(range(100))\n        except BaseException:\n            pass\n"
+    # The work sits in an inner loop inside the try, so the interruption lands there (and is swallowed) rather
+    # than on the outer loop's own lines, where it would end the loop like any other.
+    loop = ("    while True:\n        try:\n            while True:\n                sum(range(100))\n"
+            "        except BaseException:\n            pass\n")
     folder, line = looping_copy(tmp_path / "exercises", loop)
     script = shutil.copy(progress.__file__, folder / "progress.py")
     env = {k: v for k, v in os.environ.items() if k != "KVKIT_IMPL"}
