@@ -49,7 +49,8 @@ def example_reports(tmp_path_factory):
 # (``--dist loadgroup``, see the Makefile), so no worker waits on a lock while another grades, and the
 # largest groups start first.
 BATCH_GROUPS = {"example_reports": "examples", ("test_attacks.py", "graded"): "attacks",
-                ("test_hostile.py", "graded"): "hostile"}
+                ("test_attacks.py", "graded_measured"): "attacks-measured", ("test_hostile.py", "graded"): "hostile",
+                ("test_hostile.py", "graded_exhausting"): "hostile-exhausting"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups

@@ -3,7 +3,10 @@ and graded beside a control (the same code without the attack) that it must not 
 
 The base is the reference solution's source; a "weak" variant overrides
 ``gqa_attention`` to materialise K/V per query head (``np.repeat``), the
-control every repeat attack is measured against. One batch grades them all.
+control every repeat attack is measured against. Two batches grade them: the
+attacks on the boundary, on cheap bases, in every ``make test``; the attacks on
+a measurement (``MEASURED``), each seconds of realistic probe work, in
+``make test-slow``, which CI runs too.
 """
 from __future__ import annotations
 
@@ -501,7 +504,8 @@ CASES = {
     "repeat_under_frozen_name": ({"kv_cache.py": BASE + "\nexec(compile(" + repr(REPEAT.format(
         when="True", store="(lambda a: a)")) + ", '<frozen importlib._bootstrap>', 'exec'))\n"}, "control_repeat"),
     "repeat_into_a_workspace_for_every_head": ({"kv_cache.py": BASE + WORKSPACE_REPEAT}, "control_repeat"),
-    "shadow_numpy": ({"kv_cache.py": weak(), "numpy.py": "from numpy import *\n"}, "control_repeat"),
+    # Refused before any of it runs, whatever the base: the cheap Weak one will do.
+    "shadow_numpy": ({"kv_cache.py": wrong(), "numpy.py": "from numpy import *\n"}, "control_chunk_local"),
     "shadow_pytest": ({"kv_cache.py": BASE, "pytest.py": "def main(*a, **k):\n    return 1\n",
                        "test_mine.py": "def test_nothing():\n    assert True\n"}, "control_no_tests"),
     "control_no_tests": ({"kv_cache.py": BASE}, None),
@@ -639,6 +643,22 @@ for _fd in range(3, 64):
 }
 
 
+# Two batches. The attacks on a measurement (a repeat, a copy on every append, a port's probes) cost seconds
+# each of the probes' realistic work; with them go the own tests' further ways of looking for the variant
+# and the honest tests that check identity. They are graded by `make test-slow` (CI runs it after
+# `make test`). Every `make test` grades the rest: shadowing, containment, answers, masks in disguise, one
+# own-tests search (frames) and the control told apart by identity, and an honest torch import.
+MEASURED = {name for name, (files, control) in CASES.items()
+            if (control or name) in ("control_repeat", "control_repeat_with_tests", "control_port_repeat",
+                                     "control_port_copies", "control_concat")
+            or name == "unfinished_port"}
+SLOW_CASES = MEASURED | {"tests_read_wrapper_code", "tests_read_the_variant_with_a_profiler",
+                         "tests_search_the_process_for_the_variant", "honest_tests_check_identity"}
+CORE = [name for name in CASES if name not in SLOW_CASES]
+# Each batch grades its cases and their controls (a control may be graded in both).
+SLOW_BATCH = sorted(SLOW_CASES | {CASES[c][1] for c in SLOW_CASES if CASES[c][1]})
+
+
 def _write(folder, files):
     os.makedirs(folder)
     for name, text in files.items():
@@ -646,16 +666,16 @@ def _write(folder, files):
             f.write(text)
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def _grade_batch(tmp_path_factory, names):
+    """``(the grader's process, reports by case, what it left in its temporary folders)`` for ``names``."""
     root = tmp_path_factory.mktemp("attacks")
     scratch = root / "tmp"  # the grader's own temporary files, and nothing else, go here
     scratch.mkdir()
     data = root / "probe-data"  # where the grader writes the probes' inputs (else /dev/shm)
     data.mkdir()
     paths = []
-    for name, (files, _) in CASES.items():
-        _write(str(root / name), files)
+    for name in names:
+        _write(str(root / name), CASES[name][0])
         paths.append(str(root / name))
     out = root / "out"
     env = {**os.environ, "KVKIT_SANDBOX_MEMORY_MB": "2048", "TMPDIR": str(scratch), "KVKIT_PROBE_DATA": str(data)}
@@ -672,41 +692,81 @@ def graded(tmp_path_factory):
     return proc, reports, left
 
 
-@pytest.mark.parametrize("case", [c for c, (_, control) in CASES.items() if control])
-def test_attack_does_not_beat_its_control(graded, case):
-    _, reports, _ = graded
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The boundary's attacks on cheap bases, and their controls (every `make test`)."""
+    return _grade_batch(tmp_path_factory, CORE)
+
+
+@pytest.fixture(scope="module")
+def graded_measured(tmp_path_factory):
+    """The attacks on a measurement and the own tests' further searches, and their controls (`make test-slow`)."""
+    return _grade_batch(tmp_path_factory, SLOW_BATCH)
+
+
+def _not_beaten(batch, case):
+    _, reports, _ = batch
     attack, control = reports[case], reports[CASES[case][1]]
     assert "SyntaxError" not in str(attack.get("tier_reason")), attack["tier_reason"]  # the fixture itself runs
     assert TIERS[attack["tier"]] <= TIERS[control["tier"]], (case, attack["tier"], attack.get("tier_reason"))
     assert attack["score"] <= control["score"] + 1e-9, (case, attack["score"], control["score"])
 
 
+def _nothing_left(batch, names):
+    proc, reports, left = batch
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert set(reports) == set(names)
+    assert not left, left
+
+
+@pytest.mark.parametrize("case", [c for c in CORE if CASES[c][1]])
+def test_attack_does_not_beat_its_control(graded, case):
+    _not_beaten(graded, case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(c for c in SLOW_CASES if CASES[c][1]))
+def test_slow_attack_does_not_beat_its_control(graded_measured, case):
+    _not_beaten(graded_measured, case)
+
+
+def test_every_case_is_graded_by_a_batch_beside_its_control():
+    assert set(CORE) | set(SLOW_BATCH) == set(CASES)
+    for case, (_, control) in CASES.items():
+        if control:
+            assert control in (CORE if case in CORE else SLOW_BATCH), case
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["repeat_into_mmap", "repeat_into_memfd", "repeat_unless_traced",
                                   "repeat_unless_old_probe_shapes", "repeat_under_frozen_name", "control_repeat"])
-def test_repeat_is_measured_wherever_it_lives(graded, case):
-    report = graded[1][case]
+def test_repeat_is_measured_wherever_it_lives(graded_measured, case):
+    report = graded_measured[1][case]
     crit = {c["id"]: c for c in report["criteria"]}["no_kv_repeat"]
     assert crit["status"] == "fail" and "kv_repeat" in report["mistakes"], crit
     assert report["tier"] == "Weak"
 
 
-def test_memory_for_every_head_whatever_the_heads_fails_the_repeat_check(graded):
-    report = graded[1]["repeat_into_a_workspace_for_every_head"]
+@pytest.mark.slow
+def test_memory_for_every_head_whatever_the_heads_fails_the_repeat_check(graded_measured):
+    report = graded_measured[1]["repeat_into_a_workspace_for_every_head"]
     crit = {c["id"]: c for c in report["criteria"]}["no_kv_repeat"]
     assert crit["status"] == "fail" and "whatever the heads" in crit["evidence"], crit
     assert report["tier"] == "Weak"
 
 
-def test_an_unfinished_port_costs_its_points_but_caps_nothing(graded):
-    report = graded[1]["unfinished_port"]
+@pytest.mark.slow
+def test_an_unfinished_port_costs_its_points_but_caps_nothing(graded_measured):
+    report = graded_measured[1]["unfinished_port"]
     port = {c["id"]: c for c in report["criteria"]}["torch_port"]
     assert port["status"] == "fail" and port["points"] == 0 and "unfinished" in port["evidence"], port["evidence"]
     assert report["tier"] == "Strong Hire", report["tier_reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["control_port_repeat", "port_repeat_through_numpy", "port_repeat_exits_on_small_caches"])
-def test_a_port_repeat_is_measured_however_it_is_made(graded, case):
-    report = graded[1][case]
+def test_a_port_repeat_is_measured_however_it_is_made(graded_measured, case):
+    report = graded_measured[1][case]
     port = {c["id"]: c for c in report["criteria"]}["torch_port"]
     assert port["status"] == "fail" and "kv_repeat" in port["mistakes"], port["evidence"]
     assert report["tier"] == "Hire" and "port: kv_repeat (caps the tier at Hire)" in report["tier_reason"]
@@ -719,13 +779,25 @@ def test_shadowing_file_is_not_graded_and_named(graded, case, file):
     assert file in report["tier_reason"] and "rename" in report["tier_reason"]
 
 
-@pytest.mark.parametrize("case", ["tests_read_variant_from_frames", "tests_read_wrapper_code",
-                                  "tests_read_the_variant_with_a_profiler", "tests_search_the_process_for_the_variant",
-                                  "tests_tell_control_by_identity"])
+SEARCHES = ["tests_read_variant_from_frames", "tests_read_wrapper_code", "tests_read_the_variant_with_a_profiler",
+            "tests_search_the_process_for_the_variant", "tests_tell_control_by_identity"]
+
+
+@pytest.mark.parametrize("case", [c for c in SEARCHES if c in CORE])
 def test_tests_that_look_for_the_variant_find_nothing(graded, case):
+    _finds_nothing(graded[1], case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in SEARCHES if c in SLOW_CASES])
+def test_tests_that_look_further_for_the_variant_find_nothing(graded_measured, case):
+    _finds_nothing(graded_measured[1], case)
+
+
+def _finds_nothing(reports, case):
     """The variant never enters the tests' process: what they look for is not there, so they pass or fail
     alike on the control and every mutant. No accusation: the kill matrix says what they caught."""
-    crit = {c["id"]: c for c in graded[1][case]["criteria"]}["own_tests"]
+    crit = {c["id"]: c for c in reports[case]["criteria"]}["own_tests"]
     if case == "tests_tell_control_by_identity":  # the wrapper returns a new array: the control fails, no guess why
         assert crit["status"] == "error" and "fail on the control" in crit["evidence"], crit
     else:
@@ -734,10 +806,11 @@ def test_tests_that_look_for_the_variant_find_nothing(graded, case):
     assert "inspect" not in crit["evidence"]
 
 
-def test_honest_tests_that_check_identity_pass_the_wrapper(graded):
+@pytest.mark.slow
+def test_honest_tests_that_check_identity_pass_the_wrapper(graded_measured):
     """The wrapper is the submission's own class, subclassed: its buffers, their identity and its types
     are the submission's, so honest tests pass on the control and catch what they check."""
-    report = graded[1]["honest_tests_check_identity"]
+    report = graded_measured[1]["honest_tests_check_identity"]
     crit = {c["id"]: c for c in report["criteria"]}["own_tests"]
     assert crit["status"] == "pass", crit
     assert report["tier"] == "Strong Hire", report["tier_reason"]
@@ -754,10 +827,31 @@ def test_honest_imports_are_ordinary_code(graded):
 
 
 def test_containment_left_nothing_behind(graded):
-    proc, reports, left = graded
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert set(reports) == set(CASES)
-    assert not left, left
+    _nothing_left(graded, CORE)
+
+
+@pytest.mark.slow
+def test_containment_of_the_slow_batch_left_nothing_behind(graded_measured):
+    _nothing_left(graded_measured, SLOW_BATCH)
+
+
+def _zip_of_empty_files(count: int) -> bytes:
+    """A zip of ``count`` (< 65,536, no zip64) empty stored files ``e0, e1, ...``, laid out by hand: zipfile
+    takes seconds to write so many entries one by one. Per entry: a local header, then a central directory
+    record."""
+    import struct
+
+    local, central, offset = [], [], 0
+    for i in range(count):
+        name = f"e{i}".encode()
+        header = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0x21, 0, 0, 0, len(name), 0) + name
+        central.append(struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 0, 0, 0x21, 0, 0, 0, len(name),
+                                   0, 0, 0, 0, 0, offset) + name)
+        local.append(header)
+        offset += len(header)
+    directory = b"".join(central)
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, count, count, len(directory), offset, 0)
+    return b"".join(local) + directory + end
 
 
 def test_zip_of_many_entries_is_refused_fast(tmp_path):
@@ -768,15 +862,15 @@ def test_zip_of_many_entries_is_refused_fast(tmp_path):
     from grader.grade import Options, grade
 
     path = tmp_path / "many.zip"
-    with zipfile.ZipFile(path, "w") as zf:
-        for i in range(100_000):
-            zf.writestr(f"e{i}", b"")
+    path.write_bytes(_zip_of_empty_files(65_000))
+    with zipfile.ZipFile(path) as zf:  # a zip as zipfile reads it
+        assert len(zf.infolist()) == 65_000 and zf.read("e64999") == b""
     data = bytearray(path.read_bytes())
     end = data.rfind(b"PK\x05\x06")
     struct.pack_into("<HH", data, end + 8, 1, 1)  # "1 entry", the directory as large as before
     lying = tmp_path / "lying.zip"
     lying.write_bytes(bytes(data))
-    for zipped, says in ((path, "100,000 entries"), (lying, "a directory of")):
+    for zipped, says in ((path, "65,000 entries"), (lying, "a directory of")):
         started = time.monotonic()
         report = grade(str(zipped), Options(seed=1, trials=5))
         assert time.monotonic() - started < 3.0
@@ -821,8 +915,9 @@ def test_behaving_differently_at_q_zero_hides_no_mistake(graded):
     assert "planted 'chunk_local_mask' mutant" in report["mistake_evidence"]["chunk_local_mask"]
 
 
-def test_a_port_that_cannot_be_measured_caps_like_a_mistake(graded):
-    report = graded[1]["port_raises_at_probe_sizes"]
+@pytest.mark.slow
+def test_a_port_that_cannot_be_measured_caps_like_a_mistake(graded_measured):
+    report = graded_measured[1]["port_raises_at_probe_sizes"]
     assert report["tier"] == "Hire" and "could not be measured" in report["tier_reason"], report["tier_reason"]
 
 
@@ -848,10 +943,11 @@ def test_a_damaged_zip_is_not_graded_and_says_why(tmp_path, damage):
     assert report["status"] == "not_graded" and "could not be unpacked" in report["tier_reason"], report["tier_reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["control_concat", "concat_dear_when_read_after_the_prefill",
                                   "concat_copied_by_an_unwaited_helper", "concat_copied_by_a_helper_the_kernel_reaps"])
-def test_growth_by_copying_is_named_however_dear_the_prefill_run(graded, case):
-    report = graded[1][case]
+def test_growth_by_copying_is_named_however_dear_the_prefill_run(graded_measured, case):
+    report = graded_measured[1][case]
     crit = {c["id"]: c for c in report["criteria"]}["preallocated_in_place"]
     assert crit["status"] == "fail" and "concat_growth" in report["mistakes"], crit
     assert report["tier"] == "Weak"

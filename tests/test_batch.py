@@ -29,8 +29,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "catalogue", "examples")
 HOSTILE = {"segfault_ctypes": "Weak", "exit_at_import": "Weak",
            "output_flood": "Hire"}
-SLOW = {"strong_hire"}  # a torch port and ten own-test runs: once
-CLASS_SIZE = 6
+# Examples whose verdict the hidden trials decide, so that their probes cost little: what is tested here
+# is the stop and the resume, not the probes.
+PICKS = ["chunk_local_mask", "hire_basic", "off_by_one_mask"]
+CLASS_SIZE = len(PICKS) + len(HOSTILE)
 KILL_AFTER = 2  # reports written before the batch is killed
 
 
@@ -38,11 +40,7 @@ def make_class(directory: str) -> dict:
     """``CLASS_SIZE`` submission folders in ``directory``; returns ``{folder name: expected tier}``."""
     with open(os.path.join(EXAMPLES, "expected.toml"), "rb") as f:
         expected = tomllib.load(f)
-    names = sorted(n for n in expected if os.path.isdir(os.path.join(EXAMPLES, n)))
-    fast = [n for n in names if n not in SLOW and not os.path.exists(os.path.join(EXAMPLES, n, "kv_cache_torch.py"))]
-    picks = [n for n in names if n in SLOW]
-    while len(picks) < CLASS_SIZE - len(HOSTILE):
-        picks.append(fast[len(picks) % len(fast)])
+    picks = PICKS
     tiers = {}
     for i, name in enumerate(picks):
         folder = f"student{i:02d}_{name}"

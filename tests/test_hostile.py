@@ -1,9 +1,10 @@
 """Hostile submissions: each gets a report that names what happened, no better tier than its
 honest work earns (the base, the reference, is Hire: no cost.py, no tests), and the grader goes on.
 
-Each fixture is built at test time from one honest base plus its act (``ACTS``). One batch grades
-every fixture (with a well-behaved submission after them) through the CLI, at the best isolation
-this machine allows. Few random trials keep it fast: these tests are about containment, not
+Each fixture is built at test time from one honest base plus its act (``ACTS``). A batch grades
+the fixtures (with a well-behaved submission after them) through the CLI, at the best isolation
+this machine allows: every ``make test`` grades the acts that cost little; the acts that spend
+the sandbox's limits of memory and processes (``EXHAUSTING``) are graded by ``make test-slow``. Few random trials keep it fast: these tests are about containment, not
 verdict accuracy (the attacks on the evidence are in test_attacks.py).
 """
 from __future__ import annotations
@@ -151,10 +152,17 @@ FAKED: dict = {}
 TIERS = [None, "Weak", "Hire", "Strong Hire"]
 
 
-def build_fixtures(directory) -> list[str]:
-    """Each hostile case as a submission folder: the honest base plus its act."""
+# The acts that spend the sandbox's limits of memory and processes, or a probe's time: seconds each, graded
+# in a batch of their own that `make test` leaves to `make test-slow` (CI runs both). The rest (a loop
+# past its time, crashes, exits, floods, escapes, malformed answers) run in every `make test`.
+EXHAUSTING = ["fork_bomb", "fork_bomb_ctypes", "memory_hog", "slow_growth_probe"]
+CORE = sorted(set(EXPECT) - set(EXHAUSTING))
+
+
+def build_fixtures(directory, cases) -> list[str]:
+    """Each of ``cases`` as a submission folder: the honest base plus its act."""
     paths = []
-    for case in sorted(EXPECT):
+    for case in cases:
         folder = os.path.join(directory, case)
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "kv_cache.py"), "w") as f:
@@ -193,29 +201,42 @@ def leftover_processes() -> list[str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """Every hostile case, then a well-behaved submission, graded in one batch: ``(reports, stderr)``.
+def _grade_once(tmp_path_factory, batch: str, cases: list[str], sentinel: bool = False) -> tuple[dict, str]:
+    """``cases``, then a well-behaved submission, graded in one batch: ``(reports, stderr)``. With
+    ``sentinel``, the files ``test_nothing_escaped`` checks are laid out first (one batch does it).
 
     Under pytest-xdist the batch runs once per session, whichever worker comes first; the others
     wait for it and read its reports.
     """
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    out, marker = shared / "hostile-batch", shared / "hostile-batch.done"
-    with open(shared / "hostile-batch.lock", "w") as lock:
+    out, marker = shared / batch, shared / f"{batch}.done"
+    with open(shared / f"{batch}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not marker.exists():
-            for path in ESCAPES:
-                if os.path.exists(path):
-                    os.remove(path)
-            with open(SENTINEL, "w") as f:
-                f.write("must survive the hostile batch\n")
-            fixtures = build_fixtures(str(shared / "hostile-fixtures"))
+            if sentinel:
+                for path in ESCAPES:
+                    if os.path.exists(path):
+                        os.remove(path)
+                with open(SENTINEL, "w") as f:
+                    f.write("must survive the hostile batch\n")
+            fixtures = build_fixtures(str(shared / f"{batch}-fixtures"), cases)
             done = grade_batch(fixtures + [WELL_BEHAVED], str(out))
             assert done.returncode == 0, done.stderr[-3000:]
             marker.write_text(done.stderr)
     return read_reports(str(out)), marker.read_text()
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The hostile acts of every `make test`, then a well-behaved submission."""
+    return _grade_once(tmp_path_factory, "hostile-batch", CORE, sentinel=True)
+
+
+@pytest.fixture(scope="module")
+def graded_exhausting(tmp_path_factory):
+    """The acts that spend the sandbox's limits (`make test-slow`), then a well-behaved submission."""
+    return _grade_once(tmp_path_factory, "hostile-exhausting-batch", EXHAUSTING)
 
 
 def text_of(report: dict) -> str:
@@ -226,9 +247,7 @@ def test_every_case_has_an_act():
     assert sorted(EXPECT) == sorted(ACTS)
 
 
-@pytest.mark.parametrize("case", sorted(EXPECT))
-def test_hostile_case(graded, case):
-    reports, _ = graded
+def _contained(reports, case):
     report = reports[case]
     best, says = EXPECT[case]
     assert report["schema"] == "kvkit.report/1"
@@ -240,9 +259,21 @@ def test_hostile_case(graded, case):
         assert status != "pass", f"{case}: {cid} passed on faked evidence"
 
 
-def test_one_task_past_its_time_leaves_the_others_graded(graded):
+@pytest.mark.parametrize("case", CORE)
+def test_hostile_case(graded, case):
+    _contained(graded[0], case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", EXHAUSTING)
+def test_hostile_case_that_spends_a_limit(graded_exhausting, case):
+    _contained(graded_exhausting[0], case)
+
+
+@pytest.mark.slow
+def test_one_task_past_its_time_leaves_the_others_graded(graded_exhausting):
     """A probe that times out errors its own criterion; the hidden trials and the other probes still run."""
-    report = graded[0]["slow_growth_probe"]
+    report = graded_exhausting[0]["slow_growth_probe"]
     status = {c["id"]: c["status"] for c in report["criteria"]}
     assert status["preallocated_in_place"] == "error", report["tier_reason"]
     assert all(status[c] == "pass" for c in ("decode", "full_prefill", "chunked_prefill", "head_mapping",
@@ -250,12 +281,21 @@ def test_one_task_past_its_time_leaves_the_others_graded(graded):
     assert report["score"] > 50, report["score"]
 
 
-def test_the_grader_goes_on(graded):
-    reports, _ = graded
-    assert len(reports) == len(EXPECT) + 1
+def _goes_on(reports, cases):
+    assert len(reports) == len(cases) + 1
     after = reports["hire_basic"]
     assert after["tier"] == "Hire" and not after.get("error"), after.get("tier_reason")
     assert not after["notes"], after["notes"]  # nothing from the hostile ones leaks into the next report
+
+
+def test_the_grader_goes_on(graded):
+    _goes_on(graded[0], CORE)
+
+
+@pytest.mark.slow
+def test_the_grader_goes_on_after_the_limits_are_spent(graded_exhausting):
+    _goes_on(graded_exhausting[0], EXHAUSTING)
+    assert not leftover_processes()
 
 
 def test_nothing_escaped(graded):

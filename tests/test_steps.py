@@ -315,8 +315,10 @@ def gqa_attention(q, cache, n_new):
 
 @pytest.mark.parametrize("mode,mistake,evidence", [
     ("broadcast", "kv_repeat", "aten.clone"),
-    ("cat", "concat_growth", "aten.cat"),
-    ("top_left", "chunk_local_mask", "should see keys 0.."),
+    # Each run starts torch in a step process of its own: one port mutant in every `make test`, the
+    # others in `make test-slow`.
+    pytest.param("cat", "concat_growth", "aten.cat", marks=pytest.mark.slow),
+    pytest.param("top_left", "chunk_local_mask", "should see keys 0..", marks=pytest.mark.slow),
 ])
 def test_step_6_watches_the_ops_of_the_torch_port(mode, mistake, evidence, tmp_path):
     (tmp_path / "kv_cache_torch.py").write_text(TORCH_PORT.format(mode=mode))

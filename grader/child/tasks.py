@@ -337,7 +337,10 @@ def probe_parts(seed: int, kv_heads: int, head_dim: int, period: int, q_heads: i
     """``(k_base [Hkv, period, d], v_base [Hkv, period, d], q [1, Hq, 1, d])``, float32, from ``seed``."""
     key = (seed, kv_heads, head_dim, period, q_heads)
     if key not in _PARTS:
-        _PARTS.clear()
+        # A few MiB each, and a probe's tokens and its queries alternate between two keys: keep a few
+        # rather than one, so that neither is drawn again for every block of tokens.
+        if len(_PARTS) >= 8:
+            del _PARTS[next(iter(_PARTS))]
         _PARTS[key] = _probe_parts(*key)
     return _PARTS[key]
 

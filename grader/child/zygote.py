@@ -16,6 +16,7 @@ parent's reply back (``{"ev": "call", ...}``): the parent keeps the variant.
 """
 from __future__ import annotations
 
+import gc
 import os
 import select
 import signal
@@ -458,6 +459,12 @@ def main(argv: list) -> int:
     tasks = _load_sibling("tasks")
     tasks.prepare(job_dir, job)
     _non_dumpable()
+    # What the zygote holds now lives as long as it does. Frozen, it is left out of every collection in the
+    # tasks forked from here: a task's collections (pytest runs two per session) no longer walk, and by
+    # writing to each object's header copy page by page, the whole inherited heap (CPython's gc.freeze,
+    # meant for servers that fork).
+    gc.collect()
+    gc.freeze()
     serial = [t for t in job["tasks"] if not t.get("parallel")]
     parallel = [t for t in job["tasks"] if t.get("parallel")]
     timeouts = 0
