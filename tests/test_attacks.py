@@ -644,16 +644,19 @@ for _fd in range(3, 64):
 
 
 # Two batches. The attacks on a measurement (a repeat, a copy on every append, a port's probes) cost seconds
-# each of the probes' realistic work; with them go the own tests' further ways of looking for the variant
-# and the honest tests that check identity. They are graded by `make test-slow` (CI runs it after
-# `make test`). Every `make test` grades the rest: shadowing, containment, answers, masks in disguise, one
-# own-tests search (frames) and the control told apart by identity, and an honest torch import.
+# each of the probes' realistic work; with them go the own tests' further ways of looking for the variant,
+# the masks in disguise, the padded answer, the exiting preimport, the disk bound and the honest tests that
+# check identity. They are graded by `make test-slow` (CI runs it after `make test`). Every `make test`
+# grades one of each kind on the boundary: shadowing files, a tree too deep, memory outside the sandbox's
+# count, rewritten answers, own tests that read frames for the variant, and an honest torch import.
 MEASURED = {name for name, (files, control) in CASES.items()
             if (control or name) in ("control_repeat", "control_repeat_with_tests", "control_port_repeat",
                                      "control_port_copies", "control_concat")
             or name == "unfinished_port"}
 SLOW_CASES = MEASURED | {"tests_read_wrapper_code", "tests_read_the_variant_with_a_profiler",
-                         "tests_search_the_process_for_the_variant", "honest_tests_check_identity"}
+                         "tests_search_the_process_for_the_variant", "honest_tests_check_identity",
+                         "tests_tell_control_by_identity", "chunk_local_unless_q_is_zero", "chunk_local_blurred",
+                         "padded_answer", "preimport_that_exits", "tmpfile_past_disk_bound"}
 CORE = [name for name in CASES if name not in SLOW_CASES]
 # Each batch grades its cases and their controls (a control may be graded in both).
 SLOW_BATCH = sorted(SLOW_CASES | {CASES[c][1] for c in SLOW_CASES if CASES[c][1]})
@@ -909,8 +912,9 @@ def test_breaking_the_answer_protocol_is_graded_like_a_crash(graded):
     assert "malformed" in report["tier_reason"]
 
 
-def test_behaving_differently_at_q_zero_hides_no_mistake(graded):
-    report = graded[1]["chunk_local_unless_q_is_zero"]
+@pytest.mark.slow
+def test_behaving_differently_at_q_zero_hides_no_mistake(graded_measured):
+    report = graded_measured[1]["chunk_local_unless_q_is_zero"]
     assert report["mistakes"] == ["chunk_local_mask"], report.get("mistake_evidence")
     assert "planted 'chunk_local_mask' mutant" in report["mistake_evidence"]["chunk_local_mask"]
 
@@ -953,14 +957,16 @@ def test_growth_by_copying_is_named_however_dear_the_prefill_run(graded_measured
     assert report["tier"] == "Weak"
 
 
-def test_a_disguised_chunk_mask_is_still_weak(graded):
+@pytest.mark.slow
+def test_a_disguised_chunk_mask_is_still_weak(graded_measured):
     """Wrong outputs on chunked prefill make the verdict Weak whatever their pattern, named or not."""
-    report = graded[1]["chunk_local_blurred"]
+    report = graded_measured[1]["chunk_local_blurred"]
     assert report["tier"] == "Weak" and "silently wrong" in report["tier_reason"], report["tier_reason"]
 
 
-def test_naming_a_module_that_exits_on_import_still_gets_a_verdict(graded):
-    report = graded[1]["preimport_that_exits"]
+@pytest.mark.slow
+def test_naming_a_module_that_exits_on_import_still_gets_a_verdict(graded_measured):
+    report = graded_measured[1]["preimport_that_exits"]
     assert report["status"] == "graded" and report["tier"] == "Weak" and "chunk_local_mask" in report["mistakes"], \
         report["tier_reason"]
 

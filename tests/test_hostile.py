@@ -4,7 +4,8 @@ honest work earns (the base, the reference, is Hire: no cost.py, no tests), and 
 Each fixture is built at test time from one honest base plus its act (``ACTS``). A batch grades
 the fixtures (with a well-behaved submission after them) through the CLI, at the best isolation
 this machine allows: every ``make test`` grades the acts that cost little; the acts that spend
-the sandbox's limits of memory and processes (``EXHAUSTING``) are graded by ``make test-slow``. Few random trials keep it fast: these tests are about containment, not
+the sandbox's limits of memory, processes and output, and most malformed answers (``EXHAUSTING``),
+are graded by ``make test-slow``. Few random trials keep it fast: these tests are about containment, not
 verdict accuracy (the attacks on the evidence are in test_attacks.py).
 """
 from __future__ import annotations
@@ -152,10 +153,13 @@ FAKED: dict = {}
 TIERS = [None, "Weak", "Hire", "Strong Hire"]
 
 
-# The acts that spend the sandbox's limits of memory and processes, or a probe's time: seconds each, graded
-# in a batch of their own that `make test` leaves to `make test-slow` (CI runs both). The rest (a loop
-# past its time, crashes, exits, floods, escapes, malformed answers) run in every `make test`.
-EXHAUSTING = ["fork_bomb", "fork_bomb_ctypes", "memory_hog", "slow_growth_probe"]
+# The acts that spend the sandbox's limits of memory, processes and output, or a probe's time (seconds
+# each), and the malformed answers that test_grader.py's broken submissions also cover, are graded in a
+# batch of their own that `make test` leaves to `make test-slow` (CI runs both). The rest (a loop past its
+# time, crashes, exits, escapes, a huge answer) run in every `make test`; an output flood is also in
+# test_batch.py's class.
+EXHAUSTING = ["fork_bomb", "fork_bomb_ctypes", "memory_hog", "not_arrays", "output_flood", "slow_growth_probe",
+              "wrong_dtype", "wrong_shape"]
 CORE = sorted(set(EXPECT) - set(EXHAUSTING))
 
 
