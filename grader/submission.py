@@ -130,9 +130,17 @@ def _read_notebook(path: str):
     if os.path.getsize(path) > MAX_NOTEBOOK_BYTES:
         raise SubmissionError(f"{path}: a notebook larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB")
     try:
-        return nbformat.read(path, as_version=4)
+        nb = nbformat.read(path, as_version=4)
     except Exception as exc:  # nbformat raises several kinds; their messages quote the file, so not shown
         raise SubmissionError(f"{path}: not a readable notebook ({type(exc).__name__})") from exc
+    # nbformat only warns about a notebook its schema rejects: every cell is read below by its type and
+    # text, so a cell without them makes the notebook unreadable, not the grader fail.
+    for number, cell in enumerate(nb.get("cells") if isinstance(nb.get("cells"), list) else [None], 1):
+        if not isinstance(cell, dict) or not isinstance(cell.get("cell_type"), str) \
+                or not isinstance(cell.get("source"), str) or not isinstance(cell.get("metadata", {}), dict):
+            raise SubmissionError(f"{path}: not a readable notebook (cell {number} has no cell_type, text "
+                                  f"source or metadata of its own); save it again from Jupyter")
+    return nb
 
 
 def _cell_code(cell) -> str | None:

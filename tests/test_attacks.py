@@ -744,9 +744,13 @@ def test_every_case_is_graded_by_a_batch_beside_its_control():
 @pytest.mark.parametrize("case", ["repeat_into_mmap", "repeat_into_memfd", "repeat_unless_traced",
                                   "repeat_unless_old_probe_shapes", "repeat_under_frozen_name", "control_repeat"])
 def test_repeat_is_measured_wherever_it_lives(graded_measured, case):
-    report = graded_measured[1][case]
-    crit = {c["id"]: c for c in report["criteria"]}["no_kv_repeat"]
-    assert crit["status"] == "fail" and "kv_repeat" in report["mistakes"], crit
+    _failed_naming(graded_measured[1][case], "no_kv_repeat", "kv_repeat")
+
+
+def _failed_naming(report, criterion, mistake):
+    """``criterion`` failed, ``mistake`` is named, and the verdict is Weak."""
+    crit = {c["id"]: c for c in report["criteria"]}[criterion]
+    assert crit["status"] == "fail" and mistake in report["mistakes"], crit
     assert report["tier"] == "Weak"
 
 
@@ -951,10 +955,7 @@ def test_a_damaged_zip_is_not_graded_and_says_why(tmp_path, damage):
 @pytest.mark.parametrize("case", ["control_concat", "concat_dear_when_read_after_the_prefill",
                                   "concat_copied_by_an_unwaited_helper", "concat_copied_by_a_helper_the_kernel_reaps"])
 def test_growth_by_copying_is_named_however_dear_the_prefill_run(graded_measured, case):
-    report = graded_measured[1][case]
-    crit = {c["id"]: c for c in report["criteria"]}["preallocated_in_place"]
-    assert crit["status"] == "fail" and "concat_growth" in report["mistakes"], crit
-    assert report["tier"] == "Weak"
+    _failed_naming(graded_measured[1][case], "preallocated_in_place", "concat_growth")
 
 
 @pytest.mark.slow

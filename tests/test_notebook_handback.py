@@ -172,3 +172,24 @@ def test_a_cell_the_student_added_keeps_its_definitions(tmp_path):
     source = (work / "kv_cache.py").read_text()
     assert "def my_helper(x):" in source and "SCALE = 2" in source and "print(my_helper(3))" not in source
     compile(source, "kv_cache.py", "exec")
+
+
+@pytest.mark.parametrize("bad_cell", [{"metadata": {}, "source": "# note", "id": "b"},  # no cell_type
+                                      {"cell_type": "code", "metadata": {}, "source": 7, "outputs": [],
+                                       "execution_count": None, "id": "b"}],  # a number for source
+                         ids=["no cell_type", "source a number"])
+def test_a_notebook_with_a_malformed_cell_is_not_graded_and_says_so(tmp_path, bad_cell):
+    """nbformat only warns about such a notebook: it is the hand-back's problem (not graded, with the reason),
+    never a grader error. Beside it, the same notebook without that cell is graded."""
+    import json
+
+    code = (ROOT / "catalogue" / "examples" / "hire_basic" / "kv_cache.py").read_text()
+    good = {"cell_type": "code", "metadata": {}, "source": code, "outputs": [], "execution_count": None, "id": "a"}
+    for name, cells in (("control", [good]), ("malformed", [good, bad_cell])):
+        (tmp_path / f"{name}.ipynb").write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                                            "nbformat_minor": 5}))
+    (tmp_path / "work").mkdir()
+    assert materialize(str(tmp_path / "control.ipynb"), str(tmp_path / "work")) == ["kv_cache.py"]
+    report = grade(str(tmp_path / "malformed.ipynb"), Options(seed=2, trials=5))
+    assert report["status"] == "not_graded" and "not a readable notebook" in report["tier_reason"], report
+    assert "cell 2" in report["tier_reason"]
