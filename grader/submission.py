@@ -28,6 +28,8 @@ MAX_DEPTH = 16  # folders deep past which nothing of a hand-back is read (a zip'
 MAX_NOTEBOOK_BYTES = 16 * 2**20  # parsed in the grader's process: bounded
 MAX_TOTAL_BYTES = 8 * 2**20
 SKIP_DIRS = {".git", "__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".kvkit", "node_modules"}
+VENV_MARKER = "pyvenv.cfg"  # the file at the root of every virtual environment (PEP 405): its folder is set aside
+ZIP_SUFFIXES = (".py", ".txt", ".md", ".toml", ".json", ".npy", ".ipynb")  # what a zip's layout can read
 
 
 class SubmissionError(ValueError):
@@ -362,7 +364,8 @@ def materialize(path: str, workdir: str) -> list[str]:
         return ["kv_cache.py"]
     written, total = [], 0
     for root, dirs, files in os.walk(path, followlinks=False):
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not os.path.islink(os.path.join(root, d))]
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not os.path.islink(os.path.join(root, d))
+                   and not os.path.isfile(os.path.join(root, d, VENV_MARKER))]
         if os.path.relpath(root, path).count(os.sep) + 2 > MAX_DEPTH:
             dirs[:] = []  # deeper is not read (and os.walk recurses: a deep enough tree would end it)
         for name in files:
@@ -440,6 +443,10 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
             if len(infos) > MAX_ZIP_ENTRIES:
                 raise SubmissionError(f"{path}: a zip of {len(infos):,} entries (at most {MAX_ZIP_ENTRIES:,} "
                                       "are read); zip only the submission's folder")
+            # A virtual environment the candidate zipped with their work (its pyvenv.cfg names its folder)
+            # is set aside, as in a folder: neither its files nor their bytes count.
+            venvs = tuple(n[:-len(VENV_MARKER)] for n in (i.filename.replace("\\", "/") for i in infos)
+                          if n.endswith("/" + VENV_MARKER))
             for info in infos:
                 name = info.filename
                 kind = stat.S_IFMT(info.external_attr >> 16)
@@ -448,6 +455,8 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
                 parts = name.replace("\\", "/").split("/")
                 if name.startswith("/") or ".." in parts or any(p in SKIP_DIRS for p in parts):
                     continue
+                if name.replace("\\", "/").startswith(venvs) or not name.endswith(ZIP_SUFFIXES):
+                    continue  # nothing the layout reads: extracting it would only spend the size bound
                 if len(parts) > MAX_DEPTH:  # a submission is a few folders deep: deeper is not read
                     continue
                 total += info.file_size

@@ -218,3 +218,35 @@ def test_a_closed_pipe_loses_no_report_file(tmp_path):
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert json.loads(target.read_text())[0]["submission"] == "hire_basic"
+
+
+def test_a_virtual_environment_handed_back_is_set_aside(tmp_path):
+    """`python -m venv venv` in the working folder, zipped with it: the venv (its pyvenv.cfg names it) is
+    neither read nor counted, in a folder or a zip, so the candidate's files are graded; named `venv/`, it
+    shadows nothing. Beside it, the same folder without the venv lays out the same files."""
+    import zipfile
+
+    from grader.submission import materialize
+
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    shutil.copy(os.path.join(EXAMPLES, "hire_basic", "kv_cache.py"), clean / "kv_cache.py")
+    work = tmp_path / "work"
+    work.mkdir()
+    folder = tmp_path / "candidate"
+    site = folder / "venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (folder / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    for i in range(12):  # 12 MiB of installed code, past the 8 MiB the layout reads
+        (site / f"module{i}.py").write_text("x = 1\n" * (2**20 // 6))
+    shutil.copy(clean / "kv_cache.py", folder / "kv_cache.py")
+    zipped = tmp_path / "candidate.zip"
+    with zipfile.ZipFile(zipped, "w") as archive:  # the venv first, as `zip -r` of the folder may order it
+        for path in sorted(folder.rglob("*"), key=lambda p: "venv" not in p.parts):
+            archive.write(path, os.path.join("candidate", path.relative_to(folder)))
+    want = materialize(str(clean), str(work / "clean"))
+    assert want == ["kv_cache.py"]
+    for handed in (folder, zipped):
+        assert materialize(str(handed), str(work / handed.name)) == want, handed
+    report = grade(str(zipped), Options(seed=2, trials=20))
+    assert report["status"] == "graded" and report["tier"] == "Hire", report["tier_reason"]
