@@ -936,8 +936,8 @@ def test_a_damaged_zip_is_not_graded_and_says_why(tmp_path, damage):
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("kv_cache.py", BASE)
         if damage == "file_and_folder":
-            zf.writestr("notes", "a file")
-            zf.writestr("notes/inside.txt", "and a folder of the same name")
+            zf.writestr("notes.txt", "a file")
+            zf.writestr("notes.txt/inside.txt", "and a folder of the same name")
         elif damage == "long_name":
             zf.writestr("x" * 300 + ".txt", "too long a name")
     if damage == "bad_crc":
