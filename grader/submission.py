@@ -445,8 +445,13 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
                                       "are read); zip only the submission's folder")
             # A virtual environment the candidate zipped with their work (its pyvenv.cfg names its folder)
             # is set aside, as in a folder: neither its files nor their bytes count.
-            venvs = tuple(n[:-len(VENV_MARKER)] for n in (i.filename.replace("\\", "/") for i in infos)
-                          if n.endswith("/" + VENV_MARKER))
+            names = [i.filename.replace("\\", "/") for i in infos]
+            # The folder the work was zipped in may be a venv itself (`python -m venv .`): as the folder
+            # walk never sets aside the folder it is given, only a venv inside that folder counts.
+            tops = {n.split("/", 1)[0] for n in names if not n.startswith(("__MACOSX", "."))}
+            top = next(iter(tops)) + "/" if len(tops) == 1 else ""
+            venvs = tuple(n[:-len(VENV_MARKER)] for n in names
+                          if n.endswith("/" + VENV_MARKER) and n[:-len(VENV_MARKER)] != top)
             for info in infos:
                 name = info.filename
                 kind = stat.S_IFMT(info.external_attr >> 16)
@@ -459,9 +464,9 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
                     continue  # nothing the layout reads: extracting it would only spend the size bound
                 if len(parts) > MAX_DEPTH:  # a submission is a few folders deep: deeper is not read
                     continue
+                if info.file_size > MAX_FILE_BYTES or total + info.file_size > MAX_TOTAL_BYTES:
+                    continue  # only what is extracted counts, as in a folder: a big file first drops nothing after it
                 total += info.file_size
-                if info.file_size > MAX_FILE_BYTES or total > MAX_TOTAL_BYTES:
-                    continue
                 target = os.path.join(scratch, *parts)
                 try:
                     os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -223,7 +223,8 @@ def test_a_closed_pipe_loses_no_report_file(tmp_path):
 def test_a_virtual_environment_handed_back_is_set_aside(tmp_path):
     """`python -m venv venv` in the working folder, zipped with it: the venv (its pyvenv.cfg names it) is
     neither read nor counted, in a folder or a zip, so the candidate's files are graded; named `venv/`, it
-    shadows nothing. Beside it, the same folder without the venv lays out the same files."""
+    shadows nothing. The folder zipped may be a venv itself, and a file too big to read drops nothing
+    after it. Beside them, the same folder without the venv lays out the same files."""
     import zipfile
 
     from grader.submission import materialize
@@ -244,9 +245,18 @@ def test_a_virtual_environment_handed_back_is_set_aside(tmp_path):
     with zipfile.ZipFile(zipped, "w") as archive:  # the venv first, as `zip -r` of the folder may order it
         for path in sorted(folder.rglob("*"), key=lambda p: "venv" not in p.parts):
             archive.write(path, os.path.join("candidate", path.relative_to(folder)))
+    # The folder zipped is a venv itself (`python -m venv .`), and a zip whose big data file comes first.
+    itself = tmp_path / "itself.zip"
+    with zipfile.ZipFile(itself, "w") as archive:
+        archive.writestr("candidate/pyvenv.cfg", "home = /usr/bin\n")
+        archive.write(clean / "kv_cache.py", "candidate/kv_cache.py")
+    big_first = tmp_path / "big_first.zip"
+    with zipfile.ZipFile(big_first, "w") as archive:
+        archive.writestr("candidate/weights.npy", b"\0" * (9 * 2**20))  # over the 8 MiB read: not read
+        archive.write(clean / "kv_cache.py", "candidate/kv_cache.py")
     want = materialize(str(clean), str(work / "clean"))
     assert want == ["kv_cache.py"]
-    for handed in (folder, zipped):
+    for handed in (folder, zipped, itself, big_first):
         assert materialize(str(handed), str(work / handed.name)) == want, handed
     report = grade(str(zipped), Options(seed=2, trials=20))
     assert report["status"] == "graded" and report["tier"] == "Hire", report["tier_reason"]
