@@ -245,6 +245,8 @@ def test_a_virtual_environment_handed_back_is_set_aside(tmp_path):
     with zipfile.ZipFile(zipped, "w") as archive:  # the venv first, as `zip -r` of the folder may order it
         for path in sorted(folder.rglob("*"), key=lambda p: "venv" not in p.parts):
             archive.write(path, os.path.join("candidate", path.relative_to(folder)))
+        for i in range(5000):  # and pip's own files: more entries than a hand-back of its own would hold
+            archive.writestr(f"candidate/venv/lib/python3.11/site-packages/pip/_vendor/m{i}.py", "")
     # The folder zipped is a venv itself (`python -m venv .`), and a zip whose big data file comes first.
     itself = tmp_path / "itself.zip"
     with zipfile.ZipFile(itself, "w") as archive:
