@@ -453,8 +453,8 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
             # walk never sets aside the folder it is given, only a venv inside that folder counts.
             tops = {n.split("/", 1)[0] for n in names if not n.startswith(("__MACOSX", "."))}
             top = next(iter(tops)) + "/" if len(tops) == 1 else ""
-            venvs = tuple(n[:-len(VENV_MARKER)] for n in names
-                          if n.endswith("/" + VENV_MARKER) and n[:-len(VENV_MARKER)] != top)
+            venvs = {n[:-len(VENV_MARKER)] for n in names
+                     if n.endswith("/" + VENV_MARKER) and n[:-len(VENV_MARKER)] != top}
             for info in infos:
                 name = info.filename
                 kind = stat.S_IFMT(info.external_attr >> 16)
@@ -463,9 +463,11 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
                 parts = name.replace("\\", "/").split("/")
                 if name.startswith("/") or ".." in parts or any(p in SKIP_DIRS for p in parts):
                     continue
-                if name.replace("\\", "/").startswith(venvs) or not name.endswith(ZIP_SUFFIXES):
-                    continue  # nothing the layout reads: extracting it would only spend the size bound
-                if len(parts) > MAX_DEPTH:  # a submission is a few folders deep: deeper is not read
+                if not name.endswith(ZIP_SUFFIXES) or len(parts) > MAX_DEPTH:
+                    continue  # nothing the layout reads (a submission is a few folders deep, too)
+                # In a venv when one of its folders is: a set lookup per folder, so that many markers cost
+                # no more than many files (a prefix test against every venv was quadratic).
+                if venvs and any("/".join(parts[:k]) + "/" in venvs for k in range(1, len(parts))):
                     continue
                 if info.file_size > MAX_FILE_BYTES or total + info.file_size > MAX_TOTAL_BYTES:
                     continue  # only what is extracted counts, as in a folder: a big file first drops nothing after it

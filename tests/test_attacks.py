@@ -884,6 +884,23 @@ def test_zip_of_many_entries_is_refused_fast(tmp_path):
         assert report["status"] == "not_graded" and says in report["tier_reason"], report["tier_reason"]
 
 
+def test_many_venv_markers_cost_no_more_than_many_files(tmp_path):
+    """59,990 folders each holding a pyvenv.cfg, under the zip's bounds, beside the candidate's kv_cache.py:
+    each entry is looked up by its folders, not tested against every venv (that took the parent about a
+    minute of CPU). The bound is loose, a containment check like the one above: it takes about a second."""
+    from grader.submission import materialize
+
+    path = tmp_path / "venvs.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("t/kv_cache.py", BASE)
+        for i in range(59_990):
+            zf.writestr(f"t/v{i}/pyvenv.cfg", "")
+    (tmp_path / "work").mkdir()
+    started = time.process_time()  # this process's CPU time: a loaded machine does not move it
+    assert materialize(str(path), str(tmp_path / "work")) == ["kv_cache.py"]
+    assert time.process_time() - started < 10.0
+
+
 def test_symlinked_submission_is_refused(tmp_path):
     real = tmp_path / "real"
     _write(str(real), {"kv_cache.py": BASE})
