@@ -14,12 +14,14 @@ in the grader's process.
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import shutil
 import stat
 import subprocess
 import tempfile
 import zipfile
+import zlib
 
 MAX_FILE_BYTES = 1 * 2**20
 # A zip with more entries is refused before any is read. A working folder zipped with its virtual
@@ -425,6 +427,11 @@ def _zip_directory(path: str) -> tuple[int, int]:
     return entries, cd_bytes
 
 
+def _zip_name(name: str) -> str:
+    """An entry's name with ``/`` between its parts and no ``.`` part (some tools write ``./kv_cache.py``)."""
+    return "/".join(p for p in name.replace("\\", "/").split("/") if p != ".")
+
+
 def _materialize_zip(path: str, workdir: str) -> list[str]:
     """A zipped directory: its regular files extracted (no links, no absolute or ``..`` paths,
     bounded sizes) into a scratch folder, then laid out like a directory; a single top
@@ -438,7 +445,7 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
     try:
         try:
             archive = zipfile.ZipFile(path)
-        except (zipfile.BadZipFile, OSError) as exc:
+        except (zipfile.BadZipFile, OSError, UnicodeDecodeError) as exc:  # a name not in its announced UTF-8
             raise SubmissionError(f"{path}: not a readable zip ({type(exc).__name__})") from exc
         with archive:
             total = 0
@@ -448,7 +455,7 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
                                       "are read); zip only the submission's folder")
             # A virtual environment the candidate zipped with their work (its pyvenv.cfg names its folder)
             # is set aside, as in a folder: neither its files nor their bytes count.
-            names = [i.filename.replace("\\", "/") for i in infos]
+            names = [_zip_name(i.filename) for i in infos]
             # The folder the work was zipped in may be a venv itself (`python -m venv .`): as the folder
             # walk never sets aside the folder it is given, only a venv inside that folder counts.
             tops = {n.split("/", 1)[0] for n in names if not n.startswith(("__MACOSX", "."))}
@@ -460,7 +467,7 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
                 kind = stat.S_IFMT(info.external_attr >> 16)
                 if info.is_dir() or (kind and kind != stat.S_IFREG):
                     continue  # directories are made as needed; links and devices are never extracted
-                parts = name.replace("\\", "/").split("/")
+                parts = _zip_name(name).split("/")
                 if name.startswith("/") or ".." in parts or any(p in SKIP_DIRS for p in parts):
                     continue
                 if not name.endswith(ZIP_SUFFIXES) or len(parts) > MAX_DEPTH:
@@ -477,7 +484,8 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
                     os.makedirs(os.path.dirname(target), exist_ok=True)
                     with archive.open(info) as src, open(target, "wb") as dst:
                         dst.write(src.read(MAX_FILE_BYTES + 1)[:MAX_FILE_BYTES])
-                except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError) as exc:
+                except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError, zlib.error,
+                        lzma.LZMAError) as exc:
                     # A damaged entry, a file where a folder should be, a name too long, encryption: the
                     # hand-back cannot be read, which its owner can fix.
                     raise SubmissionError(f"{path}: the zip could not be unpacked at {name[:80]!r} "

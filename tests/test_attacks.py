@@ -946,26 +946,31 @@ def test_a_port_that_cannot_be_measured_caps_like_a_mistake(graded_measured):
     assert report["tier"] == "Hire" and "could not be measured" in report["tier_reason"], report["tier_reason"]
 
 
-@pytest.mark.parametrize("damage", ["file_and_folder", "bad_crc", "long_name"])
+@pytest.mark.parametrize("damage", ["file_and_folder", "bad_crc", "long_name", "bad_deflate", "bad_utf8_name"])
 def test_a_damaged_zip_is_not_graded_and_says_why(tmp_path, damage):
     """A zip that cannot be unpacked is the hand-back's problem (not graded, with the reason), never a grader error."""
     path = tmp_path / "work.zip"
-    with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr("kv_cache.py", BASE)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED if damage == "bad_deflate" else zipfile.ZIP_STORED) as zf:
+        zf.writestr("kv_cache.é.py" if damage == "bad_utf8_name" else "kv_cache.py", BASE)
         if damage == "file_and_folder":
             zf.writestr("notes.txt", "a file")
             zf.writestr("notes.txt/inside.txt", "and a folder of the same name")
         elif damage == "long_name":
             zf.writestr("x" * 300 + ".txt", "too long a name")
+    data = bytearray(path.read_bytes())
     if damage == "bad_crc":
-        data = bytearray(path.read_bytes())
         at = data.find(b"import math")
         data[at] = ord("I")  # the stored bytes no longer match their CRC
-        path.write_bytes(bytes(data))
+    elif damage == "bad_deflate":
+        data[30 + len("kv_cache.py")] = 0xFF  # the first deflate block's type: invalid (zlib.error)
+    elif damage == "bad_utf8_name":
+        data = data.replace("é".encode(), b"\xff\xfe")  # flagged UTF-8, and not: zipfile cannot open it
+    path.write_bytes(bytes(data))
     from grader.grade import Options, grade
 
     report = grade(str(path), Options(seed=1, trials=5))
-    assert report["status"] == "not_graded" and "could not be unpacked" in report["tier_reason"], report["tier_reason"]
+    says = "not a readable zip" if damage == "bad_utf8_name" else "could not be unpacked"
+    assert report["status"] == "not_graded" and says in report["tier_reason"], report["tier_reason"]
 
 
 @pytest.mark.slow

@@ -258,7 +258,11 @@ def test_a_virtual_environment_handed_back_is_set_aside(tmp_path):
         archive.write(clean / "kv_cache.py", "candidate/kv_cache.py")
     want = materialize(str(clean), str(work / "clean"))
     assert want == ["kv_cache.py"]
-    for handed in (folder, zipped, itself, big_first):
+    dotted = tmp_path / "dotted.zip"  # names as some tools write them, `./kv_cache.py`, in a venv folder
+    with zipfile.ZipFile(dotted, "w") as archive:
+        archive.writestr("./pyvenv.cfg", "home = /usr/bin\n")
+        archive.writestr("./kv_cache.py", (clean / "kv_cache.py").read_text())  # write() would drop the ./
+    for handed in (folder, zipped, itself, big_first, dotted):
         assert materialize(str(handed), str(work / handed.name)) == want, handed
     report = grade(str(zipped), Options(seed=2, trials=20))
     assert report["status"] == "graded" and report["tier"] == "Hire", report["tier_reason"]
