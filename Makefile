@@ -24,7 +24,8 @@ test: $(STAMP)
 	$(NOCACHE_OFF) $(PY) -m pytest -n 2 --dist loadgroup -q
 
 # The runs that `make test` leaves out (marked slow): most of the attack and hostile corpora, the verdicts
-# under four more seeds, nbgrader's own grading, the bench smoke run. CI runs them after `make test`.
+# under four more seeds, nbgrader's own grading, the bench smoke run, the learner's backstop for a loop that
+# swallows its interruption. CI runs them after `make test`.
 test-slow: $(STAMP)
 	$(NOCACHE_OFF) $(PY) -m pytest -n 2 --dist loadgroup -q -m slow
 

@@ -281,9 +281,9 @@ def run_step(step: Step, folder: Path, timeout: float = STEP_TIMEOUT_S, impl: Pa
                f"--junitxml={report}", "-o", "junit_family=xunit1", *step.tests]
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
         if "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in env:
-            # The step tests need no plugin; skipping them halves pytest's start. Step 7 turns them back
-            # on for the learner's own tests.
-            env.update(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", KVKIT_PLUGINS_OFF="1")
+            # The step tests need no plugin; skipping them halves pytest's start. Step 7 runs the learner's
+            # own tests with Hypothesis's plugin alone, as the grader does.
+            env.update(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
             env.pop("PYTEST_ADDOPTS", None)  # options for plugins that are now off (say, -n of xdist)
         if impl is not None:
             env[IMPL_ENV] = str(impl)

@@ -144,7 +144,7 @@ def write_submission(tmp_path, name, source):
 REFERENCE = open(os.path.join(ROOT, "solutions", "kv_cache.py")).read()
 
 
-@pytest.mark.parametrize("name,source,reason", [
+BROKEN = [  # (name, kv_cache.py, what the report must say)
     ("syntax_error", "def broken(:\n", "failed to import: SyntaxError"),
     ("raises", REFERENCE.replace("    q = np.asarray(q)\n    B, Hkv, _, d = cache.k.shape",
                                  "    raise RuntimeError('boom')\n    B, Hkv, _, d = cache.k.shape"), "RuntimeError: boom"),
@@ -156,7 +156,10 @@ REFERENCE = open(os.path.join(ROOT, "solutions", "kv_cache.py")).read()
      "wrong output"),
     ("imports_solutions", "from solutions.kv_cache import *\n", "ModuleNotFoundError"),
     ("imports_grader", "from grader.oracle import attention_ref\nfrom solutions.kv_cache import *\n", "ModuleNotFoundError"),
-])
+]
+
+
+@pytest.mark.parametrize("name,source,reason", [pytest.param(*case, id=case[0]) for case in BROKEN])
 def test_broken_submissions_get_a_report_with_the_reason(tmp_path, name, source, reason):
     report = grade(write_submission(tmp_path, name, source), Options(seed=3, trials=20, timeout=60))
     text = json.dumps(report)

@@ -4,8 +4,8 @@ honest work earns (the base, the reference, is Hire: no cost.py, no tests), and 
 Each fixture is built at test time from one honest base plus its act (``ACTS``). A batch grades
 the fixtures (with a well-behaved submission after them) through the CLI, at the best isolation
 this machine allows: every ``make test`` grades the acts that cost little; the acts that spend
-the sandbox's limits of memory, processes and output, and most malformed answers (``EXHAUSTING``),
-are graded by ``make test-slow``. Few random trials keep it fast: these tests are about containment, not
+the sandbox's limits of CPU time, memory, processes and output, and most malformed answers
+(``EXHAUSTING``), are graded by ``make test-slow``. Few random trials keep it fast: these tests are about containment, not
 verdict accuracy (the attacks on the evidence are in test_attacks.py).
 """
 from __future__ import annotations
@@ -71,6 +71,7 @@ def _bomb():
 """
 ACTS = {
     "infinite_loop": "\nwhile True:\n    pass\n",
+    "sleeps_forever": "\nimport time as _time\n_time.sleep(10**6)\n",  # the same hang, at no CPU cost
     "memory_hog": "\n_hog = []\nwhile True:\n    _hog.append(bytearray(64 * 2**20))\n    _hog[-1][::4096] = b'x' * len(_hog[-1][::4096])\n",
     "fork_bomb": WRAP_APPEND.format(act="_bomb()") + BOMB.format(setup="import os as _os", fork="_os.fork()",
                                                                   exit="_os._exit(0)"),
@@ -132,6 +133,7 @@ except OSError:
 # case -> (the best tier it may get, what its report must say)
 EXPECT = {
     "infinite_loop": ("Weak", r"did not finish in time|wall time"),
+    "sleeps_forever": ("Weak", r"did not finish in time|wall time"),
     "memory_hog": ("Weak", r"memory|killed"),
     "fork_bomb": ("Hire", r"."),
     "fork_bomb_ctypes": ("Hire", r"."),
@@ -153,13 +155,13 @@ FAKED: dict = {}
 TIERS = [None, "Weak", "Hire", "Strong Hire"]
 
 
-# The acts that spend the sandbox's limits of memory, processes and output, or a probe's time (seconds
-# each), and the malformed answers that test_grader.py's broken submissions also cover, are graded in a
-# batch of their own that `make test` leaves to `make test-slow` (CI runs both). The rest (a loop past its
-# time, crashes, exits, escapes, a huge answer) run in every `make test`; an output flood is also in
-# test_batch.py's class.
-EXHAUSTING = ["fork_bomb", "fork_bomb_ctypes", "memory_hog", "not_arrays", "output_flood", "slow_growth_probe",
-              "wrong_dtype", "wrong_shape"]
+# The acts that spend the sandbox's limits of CPU time, memory, processes and output, or a probe's time
+# (seconds each), and the malformed answers that test_grader.py's broken submissions also cover, are graded
+# in a batch of their own that `make test` leaves to `make test-slow` (CI runs both). The rest (a hang past
+# its time that sleeps, crashes, exits, escapes, a huge answer) run in every `make test`; an output flood is
+# also in test_batch.py's class.
+EXHAUSTING = ["fork_bomb", "fork_bomb_ctypes", "infinite_loop", "memory_hog", "not_arrays", "output_flood",
+              "slow_growth_probe", "wrong_dtype", "wrong_shape"]
 CORE = sorted(set(EXPECT) - set(EXHAUSTING))
 
 

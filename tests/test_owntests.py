@@ -289,3 +289,15 @@ def test_tests_that_cannot_be_collected_are_not_judged_and_say_why():
     crit = owntests.criterion(_session(_all(none={"exit": 2, "failed": failed})), ["tests/test_step3_mask.py"])
     assert crit.status == "error", crit.evidence
     assert "could not run" in crit.evidence and "stepkit" in crit.evidence
+
+
+@pytest.mark.parametrize("preimport,loaded", [(["numpy", "hypothesis"], True), (["hypothesis.strategies"], True),
+                                              (["numpy", "pytest"], False), ([], False)])
+def test_hypothesis_plugin_only_for_a_submission_that_imports_hypothesis(preimport, loaded):
+    """The sandbox's pytest loads Hypothesis's plugin where a submission file imports Hypothesis (the
+    job's preimport list, made by the parent from the files' syntax); the online_softmax_kernel example's
+    property test runs under it in every examples grading."""
+    from grader.child import owntests as child_owntests
+
+    args = child_owntests.plugin_args({"preimport": preimport})
+    assert (args == ["-p", "_hypothesis_pytestplugin"]) is loaded, args

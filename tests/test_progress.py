@@ -245,6 +245,7 @@ def test_an_endless_loop_is_named_with_its_function_and_line_in_bounded_time(tmp
     assert "got stuck first" in out  # the steps after it were not left running into the same loop
 
 
+@pytest.mark.slow  # it spends a check's time and the backstop's grace spinning: make test-slow (CI runs it)
 def test_a_loop_that_swallows_the_interruption_is_ended_and_named_by_the_standalone_script(tmp_path):
     """The backstop: faulthandler writes the stuck stack to a file, ends pytest, and progress.py reads it back."""
     # The work sits in an inner loop inside the try, so the interruption lands there (and is swallowed) rather

@@ -7,14 +7,22 @@ import types
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 
 from grader import meters
 from grader.oracle import ReferenceHistory
 from grader.suite import random_trials
 from solutions import kv_cache as ref
-from solutions import kv_cache_torch as port
+
+
+# torch is imported by the tests of the port, not here: every pytest-xdist worker imports every test
+# module to collect it, and torch costs about 2 CPU-s a process.
+@pytest.fixture(scope="module")
+def port():
+    """The PyTorch port (solutions/kv_cache_torch.py); it imports torch."""
+    from solutions import kv_cache_torch
+
+    return kv_cache_torch
 
 
 def replay(trials, run_step):
@@ -144,7 +152,7 @@ def test_bad_input_names_the_argument_and_changes_nothing(call, match):
     assert (cache.lens == lens).all() and (cache.k == k).all()
 
 
-def test_constructor_rejects_bad_sizes():
+def test_constructor_rejects_bad_sizes(port):
     with pytest.raises(ValueError, match="kv_heads"):
         ref.KVCache(1, 0, 8, 4)
     with pytest.raises(ValueError, match="max_len"):
@@ -153,9 +161,11 @@ def test_constructor_rejects_bad_sizes():
 
 # ------------------------------------------------------------------- the port
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
-def test_port_matches_numpy_reference(dtype, tol):
-    np_dtype = np.float64 if dtype == torch.float64 else np.float32
+@pytest.mark.parametrize("dtype_name,tol", [("float64", 1e-10), ("float32", 1e-5)])
+def test_port_matches_numpy_reference(port, dtype_name, tol):
+    import torch
+
+    dtype, np_dtype = getattr(torch, dtype_name), getattr(np, dtype_name)
     worst = 0.0
     for trial in random_trials(seed=7, count=30):
         a = ref.KVCache(trial.B, trial.Hkv, trial.max_len, trial.d, dtype=np_dtype)
@@ -171,7 +181,9 @@ def test_port_matches_numpy_reference(dtype, tol):
     assert worst <= tol, f"port differs from the NumPy reference by {worst:.3g}"
 
 
-def test_port_runs_no_concat_and_no_repeat():
+def test_port_runs_no_concat_and_no_repeat(port):
+    import torch
+
     ops = meters.probe_torch_ops(port, torch)
     names = {op[0] for op in ops["append_ops"] + ops["attention_ops"]}
     assert not names & {"cat", "stack", "repeat_interleave", "repeat"}, names
@@ -181,6 +193,8 @@ def test_port_runs_no_concat_and_no_repeat():
 
 def _broadcasting_matmul_attention(q, cache, n_new):
     """The trap of docs/contract.md: right answer, but torch.matmul expands K over the group axis."""
+    import torch
+
     B, Hkv, _, d = cache.k.shape
     Hq, T = q.shape[1], q.shape[2]
     G, S = Hq // Hkv, int(cache.lens.max())
@@ -189,13 +203,17 @@ def _broadcasting_matmul_attention(q, cache, n_new):
     return (torch.softmax(scores, -1) @ v.unsqueeze(2)).reshape(B, Hq, T, d)
 
 
-def test_op_watch_catches_the_broadcasting_matmul_trap():
+def test_op_watch_catches_the_broadcasting_matmul_trap(port):
+    import torch
+
     mod = types.SimpleNamespace(KVCache=port.KVCache, gqa_attention=_broadcasting_matmul_attention)
     named = meters.judge_torch_ops(meters.probe_torch_ops(mod, torch))
     assert "kv_repeat" in named and "clone" in named["kv_repeat"], named
 
 
-def test_op_watch_catches_repeat_interleave_and_cat():
+def test_op_watch_catches_repeat_interleave_and_cat(port):
+    import torch
+
     class CatCache(port.KVCache):
         def append(self, k_new, v_new, n_new):
             super().append(k_new, v_new, n_new)

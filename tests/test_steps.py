@@ -335,6 +335,21 @@ def test_step_7_fails_tests_that_miss_chunk_local_mask(tmp_path):
     assert "kill matrix" in result.failure
 
 
+def test_step_7_loads_hypothesis_plugin_only_for_tests_that_import_hypothesis(tmp_path, monkeypatch):
+    """As the grader's sandbox does (tests/test_owntests.py): the learner's files, read as syntax."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(EXERCISES / "tests"))
+    spec = importlib.util.spec_from_file_location("_step7", EXERCISES / "tests" / "test_step7_own_tests.py")
+    step7 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step7)
+    filled_dir(tmp_path)
+    assert step7.hypothesis_plugin(tmp_path) == []
+    (tmp_path / "test_mine.py").write_text(GOOD_TEST_MINE.replace(
+        "import pytest\n", "import pytest\nfrom hypothesis import given, strategies as st\n", 1))
+    assert step7.hypothesis_plugin(tmp_path) == ["-p", "_hypothesis_pytestplugin"]
+
+
 def test_step_7_wants_a_test_mine(tmp_path):
     filled_dir(tmp_path).joinpath("test_mine.py").unlink()
     result = run(7, tmp_path)

@@ -58,6 +58,26 @@ def load_mutants(path: Path):
     return module
 
 
+def hypothesis_plugin(folder: Path) -> list[str]:
+    """pytest's option that loads Hypothesis's plugin, when one of your files in ``folder`` imports
+    Hypothesis and it is installed (read as syntax; the grader decides the same way); else none."""
+    import ast
+    import importlib.util
+
+    for path in folder.glob("*.py"):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(name.split(".")[0] == "hypothesis" for name in names) \
+                    and importlib.util.find_spec("_hypothesis_pytestplugin"):
+                return ["-p", "_hypothesis_pytestplugin"]
+    return []
+
+
 EXIT = {"pass": 0, "fail": 1}  # run_mine's outcome as pytest's exit code (anything else: not run)
 
 
@@ -68,12 +88,15 @@ def run_mine(mine: Path, shim_dir: Path, mutant: str) -> tuple[str, str]:
     "error: ..." (no tests, a crash, a timeout).
     """
     env = dict(os.environ)
-    if env.pop("KVKIT_PLUGINS_OFF", None):  # the progress runner turned pytest plugins off for the steps only
-        env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+    env.pop("PYTEST_ADDOPTS", None)  # options for plugins that are off (say, -n of xdist)
+    # As the grader runs a candidate's tests: no installed pytest plugin but Hypothesis's, for tests that
+    # import it. Scanning every installed plugin would cost each of the nine runs about half a second.
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     env["KVKIT_MUTANT"] = mutant
     env["PYTHONPATH"] = os.pathsep.join([str(shim_dir), str(mine.parent)])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--import-mode=append",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *hypothesis_plugin(mine.parent),
+           "--import-mode=append",
            "--rootdir", str(shim_dir), "-c", str(shim_dir / "pytest.ini"), "--tb=line", "-rfE", str(mine)]
     try:
         proc = subprocess.run(cmd, cwd=shim_dir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)

@@ -20,17 +20,22 @@ import sys
 import types
 
 
-def plugin_args() -> list[str]:
-    """pytest's ``-p`` options for the candidate's tests: Hypothesis's plugin where it is installed.
+def plugin_args(job: dict) -> list[str]:
+    """pytest's ``-p`` options for the candidate's tests: Hypothesis's plugin where a submission file
+    imports Hypothesis (the parent lists it in the job's ``preimport``) and it is installed.
 
     The sandbox turns off the automatic loading of every installed plugin
     (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``, see ``grader/sandbox/launch.py``): scanning
     them costs about a second per session, and tests of this contract need none
-    of them but Hypothesis's.
+    of them but Hypothesis's. Loading it costs the session about 0.2 CPU-s, so it
+    is loaded where a test could use it: a file that never imports Hypothesis
+    cannot.
     """
     import importlib.util
 
-    return ["-p", "_hypothesis_pytestplugin"] if importlib.util.find_spec("_hypothesis_pytestplugin") else []
+    wanted = any(name.split(".")[0] == "hypothesis" for name in job.get("preimport", []))
+    return ["-p", "_hypothesis_pytestplugin"] if wanted and importlib.util.find_spec("_hypothesis_pytestplugin") \
+        else []
 
 
 class _Failures:
@@ -203,7 +208,7 @@ def run(task: dict, job: dict) -> dict:
     sys.stdout = sys.stderr = out
     failures = _Failures()
     try:
-        code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", *plugin_args(), "-o", "addopts=",
+        code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", *plugin_args(job), "-o", "addopts=",
                             "--import-mode=append", "--rootdir", workdir, "-rf", "--tb=line", *files],
                            plugins=[failures])
     except BaseException as exc:  # noqa: BLE001

@@ -334,24 +334,28 @@ _PARTS: dict = {}
 
 
 def probe_parts(seed: int, kv_heads: int, head_dim: int, period: int, q_heads: int):
-    """``(k_base [Hkv, period, d], v_base [Hkv, period, d], q [1, Hq, 1, d])``, float32, from ``seed``."""
-    key = (seed, kv_heads, head_dim, period, q_heads)
-    if key not in _PARTS:
-        # A few MiB each, and a probe's tokens and its queries alternate between two keys: keep a few
-        # rather than one, so that neither is drawn again for every block of tokens.
-        if len(_PARTS) >= 8:
-            del _PARTS[next(iter(_PARTS))]
-        _PARTS[key] = _probe_parts(*key)
-    return _PARTS[key]
+    """``(k_base [Hkv, period, d], v_base [Hkv, period, d], q [1, Hq, 1, d])``, float32, from ``seed``.
 
-
-def _probe_parts(seed, kv_heads, head_dim, period, q_heads):
+    The bases and the queries come from generators of their own: the bases of a layout are drawn
+    once whatever ``q_heads`` (a probe's tokens ask with 0, its queries with Hq).
+    """
     import numpy as np
 
-    rng = np.random.default_rng([seed, kv_heads, head_dim, period])
-    k_base = rng.standard_normal((kv_heads, period, head_dim)).astype(np.float32)
-    v_base = rng.standard_normal((kv_heads, period, head_dim)).astype(np.float32)
-    q = np.random.default_rng([seed, q_heads, head_dim]).standard_normal((1, q_heads, 1, head_dim)).astype(np.float32)
+    def kept(key, make):
+        if key not in _PARTS:
+            if len(_PARTS) >= 16:  # a few MiB each; a grading uses about a dozen
+                del _PARTS[next(iter(_PARTS))]
+            _PARTS[key] = make()
+        return _PARTS[key]
+
+    def bases():
+        rng = np.random.default_rng([seed, kv_heads, head_dim, period])
+        k_base = rng.standard_normal((kv_heads, period, head_dim)).astype(np.float32)
+        return k_base, rng.standard_normal((kv_heads, period, head_dim)).astype(np.float32)
+
+    k_base, v_base = kept(("bases", seed, kv_heads, head_dim, period), bases)
+    q = kept(("q", seed, q_heads, head_dim), lambda: np.random.default_rng([seed, q_heads, head_dim])
+             .standard_normal((1, q_heads, 1, head_dim)).astype(np.float32))
     return k_base, v_base, q
 
 

@@ -455,7 +455,7 @@ def main(argv: list) -> int:
     (numpy.ones((4, 4)) @ numpy.ones((4, 4))).sum()
     owntests = _load_sibling("owntests") if any(t.get("kind") == "owntests" for t in job["tasks"]) else None
     if "pytest" in sys.modules:
-        _warm_pytest(job_dir, owntests.plugin_args() if owntests else [])
+        _warm_pytest(job_dir, owntests.plugin_args(job) if owntests else [])
     tasks = _load_sibling("tasks")
     tasks.prepare(job_dir, job)
     _non_dumpable()

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from kv_cache import KVCache, gqa_attention
 
@@ -148,3 +149,14 @@ def test_many_key_blocks_ragged():
     # rows long enough to span several key blocks, chunks that straddle block edges
     schedule = [[37, 5, 0], [9, 16, 17], [1, 0, 1], [15, 33, 2]]
     run_schedule(schedule, kv_heads=2, group=3, max_len=96, pad=1, seed=9)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.data())
+def test_any_chunk_schedule_matches_reference(data):
+    # property-based: any rows, any chunk sizes (zero-token rows included), any GQA layout
+    rows = data.draw(st.integers(1, 3), label="rows")
+    schedule = data.draw(st.lists(st.lists(st.integers(0, 6), min_size=rows, max_size=rows),
+                                  min_size=1, max_size=5), label="schedule")
+    kv_heads, group = data.draw(st.sampled_from([(1, 4), (2, 3), (4, 2), (3, 1)]), label="heads")
+    run_schedule(schedule, kv_heads, group, max_len=32, pad=data.draw(st.integers(0, 2)), seed=len(schedule))
