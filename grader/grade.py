@@ -258,30 +258,40 @@ def grade(path: str, options: Options | None = None) -> dict:
         launch.sweep_stale()  # folders of graders that were killed before they could clean up
         _SWEPT.append(True)
     workdir = launch.temp_dir("kvkit-sub-")
+    laid_out: list[str] = []  # what of the hand-back was read otherwise than as it lies (a venv set aside, ...)
     try:
         try:
-            files = materialize(path, workdir)
+            files = materialize(path, workdir, laid_out)
         except SubmissionError as exc:
             return _error_report(name, options, str(exc), started)
-        files, aside = set_aside_bundle(workdir, files)
-        if aside:  # the kit's helpers the candidate's own files import (catalogue.mutants) stay importable
-            provide_helpers(workdir, [_read(os.path.join(workdir, f)) for f in files if f.endswith(".py")])
-        if "kv_cache.py" not in files:
-            why = " (the kv_cache.py handed back is the starter bundle's unfilled stub)" \
-                if "kv_cache.py" in aside else ""
-            return _error_report(name, options, f"no kv_cache.py in the submission{why}", started)
-        shadows = shadowing(files, run_mod.installed_modules())
-        if shadows:
-            return _error_report(name, options, "; ".join(shadows), started)
-        report = _grade_dir(name, workdir, files, options, started)
-        if aside:
-            _say_stubs_set_aside(report, aside)
-            report.setdefault("notes", []).insert(
-                0, f"set aside {len(aside)} file(s) of the starter bundle (not graded as the candidate's work; its "
-                   f"step tests by their path, even edited): " + ", ".join(aside))
+        report = _grade_laid_out(name, workdir, files, options, started)
+        if laid_out:
+            report["notes"] = laid_out + list(report.get("notes") or [])
         return report
     finally:
         launch.remove_tree(workdir)
+
+
+def _grade_laid_out(name, workdir, files, options, started) -> dict:
+    """The report of the submission laid out in ``workdir`` (``files``): the bundle's files set aside,
+    then refused (no kv_cache.py, a shadowing name) or graded."""
+    files, aside = set_aside_bundle(workdir, files)
+    if aside:  # the kit's helpers the candidate's own files import (catalogue.mutants) stay importable
+        provide_helpers(workdir, [_read(os.path.join(workdir, f)) for f in files if f.endswith(".py")])
+    if "kv_cache.py" not in files:
+        why = " (the kv_cache.py handed back is the starter bundle's unfilled stub)" if "kv_cache.py" in aside \
+            else ": hand back the folder that holds kv_cache.py (or a .zip of it), one .py file, or a notebook"
+        return _error_report(name, options, f"no kv_cache.py in the submission{why}", started)
+    shadows = shadowing(files, run_mod.installed_modules())
+    if shadows:
+        return _error_report(name, options, "; ".join(shadows), started)
+    report = _grade_dir(name, workdir, files, options, started)
+    if aside:
+        _say_stubs_set_aside(report, aside)
+        report.setdefault("notes", []).insert(
+            0, f"set aside {len(aside)} file(s) of the starter bundle (not graded as the candidate's work; its "
+               f"step tests by their path, even edited): " + ", ".join(aside))
+    return report
 
 
 def prepare_inputs(options: Options) -> None:

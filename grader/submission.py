@@ -357,18 +357,51 @@ def _write_notebook(path: str, workdir: str, skip: set[str] = frozenset()) -> li
     return sorted(files)
 
 
-def materialize(path: str, workdir: str) -> list[str]:
+def _is_venv(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, VENV_MARKER))
+
+
+def _inner_folder(path: str) -> str:
+    """``path``, or the folder inside it that holds the work when ``path`` only wraps it: no
+    kv_cache.py, no other Python file or notebook of its own, and one folder (not a venv) inside,
+    as a hand-back copied or unzipped into a folder of its own gives (``frank/kvkit-takehome/``),
+    when that folder holds a kv_cache.py or a notebook."""
+    inner = path
+    for _ in range(MAX_DEPTH):
+        try:
+            entries = [e for e in os.listdir(inner) if not e.startswith((".", "__MACOSX")) and e not in SKIP_DIRS]
+        except OSError:
+            return path
+        code = [e for e in entries if e.endswith((".py", ".ipynb")) and os.path.isfile(os.path.join(inner, e))]
+        folders = [e for e in entries if os.path.isdir(os.path.join(inner, e))
+                   and not os.path.islink(os.path.join(inner, e)) and not _is_venv(os.path.join(inner, e))]
+        if code or len(folders) != 1:
+            break
+        inner = os.path.join(inner, folders[0])
+    try:
+        holds_work = any(e == "kv_cache.py" or e.endswith(".ipynb") for e in os.listdir(inner))
+    except OSError:
+        return path
+    return inner if holds_work else path
+
+
+def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]:
     """Copy the submission at ``path`` into the empty ``workdir``; return the files written.
+
+    ``notes``, when given, gets one line for each thing of the hand-back read
+    otherwise than as it lies: a virtual environment set aside, the folder
+    inside a wrapper folder taken as the submission.
 
     Raises:
         SubmissionError: ``path`` is missing, not .py/.ipynb/a directory, or too large.
     """
+    notes = [] if notes is None else notes
     if os.path.islink(path):
         raise SubmissionError(f"{path}: a symbolic link; hand in the file or folder itself")
     if not os.path.exists(path):
         raise SubmissionError(f"{path}: no such file or directory")
     if os.path.isfile(path) and path.endswith(".zip"):
-        return _materialize_zip(path, workdir)
+        return _materialize_zip(path, workdir, notes)
     if os.path.isfile(path):
         if path.endswith(".ipynb"):
             return _write_notebook(path, workdir)
@@ -382,10 +415,19 @@ def materialize(path: str, workdir: str) -> list[str]:
         with open(os.path.join(workdir, "kv_cache.py"), "w", encoding="utf-8") as f:
             f.write(source)
         return ["kv_cache.py"]
+    inner = _inner_folder(path)
+    if inner != path:
+        notes.append(f"graded the folder {os.path.relpath(inner, path)}/ inside the hand-back: the folders "
+                     f"around it hold nothing else")
+        path = inner
     written, total = [], 0
     for root, dirs, files in os.walk(path, followlinks=False):
+        venvs = [d for d in dirs if _is_venv(os.path.join(root, d))]
+        if venvs:
+            notes.append("set aside " + ", ".join(os.path.relpath(os.path.join(root, d), path) + "/" for d in venvs)
+                         + ": a virtual environment (pyvenv.cfg), not read")
         dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not os.path.islink(os.path.join(root, d))
-                   and not os.path.isfile(os.path.join(root, d, VENV_MARKER))]
+                   and d not in venvs]
         if os.path.relpath(root, path).count(os.sep) + 2 > MAX_DEPTH:
             dirs[:] = []  # deeper is not read (and os.walk recurses: a deep enough tree would end it)
         for name in files:
@@ -447,7 +489,7 @@ def _zip_name(name: str) -> str:
     return "/".join(p for p in name.replace("\\", "/").split("/") if p != ".")
 
 
-def _materialize_zip(path: str, workdir: str) -> list[str]:
+def _materialize_zip(path: str, workdir: str, notes: list) -> list[str]:
     """A zipped directory: its regular files extracted (no links, no absolute or ``..`` paths,
     bounded sizes) into a scratch folder, then laid out like a directory; a single top
     folder inside the zip is taken as the submission."""
@@ -477,6 +519,11 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
             top = next(iter(tops)) + "/" if len(tops) == 1 else ""
             venvs = {n[:-len(VENV_MARKER)] for n in names
                      if n.endswith("/" + VENV_MARKER) and n[:-len(VENV_MARKER)] != top}
+            if venvs:
+                shown = sorted(v[len(top):] if v.startswith(top) else v for v in venvs)
+                notes.append("set aside " + ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5
+                                                                    else "") + ": a virtual environment "
+                             "(pyvenv.cfg), not read")
             for info in infos:
                 name = info.filename
                 kind = stat.S_IFMT(info.external_attr >> 16)
@@ -505,10 +552,11 @@ def _materialize_zip(path: str, workdir: str) -> list[str]:
                     # hand-back cannot be read, which its owner can fix.
                     raise SubmissionError(f"{path}: the zip could not be unpacked at {name[:80]!r} "
                                           f"({type(exc).__name__}); zip the folder again") from exc
-        root = scratch
+        # The zip's top folder, and any folder that only wraps the work, are laid out by the folder walk
+        # (no note for the usual single top folder).
         entries = [e for e in os.listdir(scratch) if not e.startswith((".", "__MACOSX"))]
-        if len(entries) == 1 and os.path.isdir(os.path.join(scratch, entries[0])):
-            root = os.path.join(scratch, entries[0])
-        return materialize(root, workdir)
+        root = os.path.join(scratch, entries[0]) if len(entries) == 1 and os.path.isdir(
+            os.path.join(scratch, entries[0])) else scratch
+        return materialize(root, workdir, notes)
     finally:
         subprocess.run(["rm", "-rf", "--", scratch], check=False)

@@ -266,6 +266,57 @@ def test_a_virtual_environment_handed_back_is_set_aside(tmp_path):
         archive.writestr("./pyvenv.cfg", "home = /usr/bin\n")
         archive.writestr("./kv_cache.py", (clean / "kv_cache.py").read_text())  # write() would drop the ./
     for handed in (folder, zipped, itself, big_first, dotted):
-        assert materialize(str(handed), str(work / handed.name)) == want, handed
+        notes: list = []
+        assert materialize(str(handed), str(work / handed.name), notes) == want, handed
+        # the report says what was set aside: a venv inside the hand-back, never the folder handed back
+        assert [n for n in notes if "set aside venv/" in n] == ([] if handed in (itself, dotted) else notes), notes
+        assert len(notes) == (0 if handed in (itself, big_first, dotted) else 1), notes
     report = grade(str(zipped), Options(seed=2, trials=20))
     assert report["status"] == "graded" and report["tier"] == "Hire", report["tier_reason"]
+    assert any(n.startswith("set aside venv/: a virtual environment") for n in report["notes"]), report["notes"]
+
+
+def test_a_hand_back_inside_wrapper_folders_is_graded_from_the_folder_that_holds_it(tmp_path):
+    """A class folder where each hand-back was copied or unzipped into a folder of its own, once or twice
+    (``frank/kvkit-takehome/kv_cache.py``), as a folder or a zip: the folder that holds the work is laid out,
+    as the same files handed back plainly are, and the report says so. A wrapper that holds anything else
+    of its own (a Python file), or whose one folder holds no kv_cache.py or notebook, is read as it lies."""
+    import zipfile
+
+    from grader.submission import materialize
+
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    for name in ("kv_cache.py", "cost.py", "test_kv_cache.py"):
+        shutil.copy(os.path.join(EXAMPLES, "chunk_local_mask", name), clean / name)
+    want = materialize(str(clean), str(tmp_path / "work-clean"))
+    nested = tmp_path / "frank" / "submission" / "kvkit-takehome"
+    shutil.copytree(clean, nested)
+    (tmp_path / "frank" / ".DS_Store").write_text("")
+    (tmp_path / "frank" / "submission" / "notes.md").write_text("my notes\n")  # not code: still a wrapper
+    (nested.parent / "venv").mkdir()
+    (nested.parent / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")  # a venv beside it: set aside
+    zipped = tmp_path / "proj.zip"
+    with zipfile.ZipFile(zipped, "w") as archive:  # proj/proj/...: a folder zipped inside its namesake
+        for path in clean.iterdir():
+            archive.write(path, f"proj/proj/{path.name}")
+    for handed, inner in ((tmp_path / "frank", "submission/kvkit-takehome/"), (zipped, "proj/")):
+        notes: list = []
+        assert materialize(str(handed), str(tmp_path / f"work-{handed.name}"), notes) == want, handed
+        assert notes == [f"graded the folder {inner} inside the hand-back: the folders around it hold nothing "
+                         f"else"], notes
+    # Not wrappers: a Python file of its own beside the folder, or a folder without the work.
+    (tmp_path / "frank" / "helper.py").write_text("x = 1\n")
+    notes = []
+    assert "kv_cache.py" not in materialize(str(tmp_path / "frank"), str(tmp_path / "work-own"), notes)
+    assert notes == ["set aside submission/venv/: a virtual environment (pyvenv.cfg), not read"], notes
+    empty = tmp_path / "empty" / "inner"
+    empty.mkdir(parents=True)
+    (empty / "README.md").write_text("nothing yet\n")
+    notes = []
+    assert materialize(str(tmp_path / "empty"), str(tmp_path / "work-empty"), notes) == ["inner/README.md"]
+    assert notes == []
+    (tmp_path / "frank" / "helper.py").unlink()
+    report = grade(str(tmp_path / "frank"), Options(seed=2, trials=20))
+    assert report["tier"] == "Weak" and "chunk_local_mask" in report["mistakes"], report["tier_reason"]
+    assert "graded the folder submission/kvkit-takehome/" in report["notes"][0], report["notes"]
