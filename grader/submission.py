@@ -361,6 +361,13 @@ def _is_venv(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, VENV_MARKER))
 
 
+def _venv_note(folders: list[str]) -> str:
+    """The report's note for the virtual environments set aside (a few named, the rest counted)."""
+    shown = ", ".join(f[:80] for f in sorted(folders)[:5]) + (f" and {len(folders) - 5} more" if len(folders) > 5
+                                                               else "")
+    return f"set aside {shown}: a virtual environment (pyvenv.cfg), not read"
+
+
 def _inner_folder(path: str) -> str:
     """``path``, or the folder inside it that holds the work when ``path`` only wraps it: no
     kv_cache.py, no other Python file or notebook of its own, and one folder (not a venv) inside,
@@ -420,12 +427,10 @@ def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]
         notes.append(f"graded the folder {os.path.relpath(inner, path)}/ inside the hand-back: the folders "
                      f"around it hold nothing else")
         path = inner
-    written, total = [], 0
+    written, total, venvs_aside = [], 0, []
     for root, dirs, files in os.walk(path, followlinks=False):
         venvs = [d for d in dirs if _is_venv(os.path.join(root, d))]
-        if venvs:
-            notes.append("set aside " + ", ".join(os.path.relpath(os.path.join(root, d), path) + "/" for d in venvs)
-                         + ": a virtual environment (pyvenv.cfg), not read")
+        venvs_aside += [os.path.relpath(os.path.join(root, d), path) + "/" for d in venvs]
         dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not os.path.islink(os.path.join(root, d))
                    and d not in venvs]
         if os.path.relpath(root, path).count(os.sep) + 2 > MAX_DEPTH:
@@ -442,6 +447,8 @@ def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]
             os.makedirs(os.path.dirname(os.path.join(workdir, rel)) or workdir, exist_ok=True)
             shutil.copyfile(src, os.path.join(workdir, rel))
             written.append(rel)
+    if venvs_aside:
+        notes.append(_venv_note(venvs_aside))
     if "kv_cache.py" not in written:
         ipynbs = sorted(n for n in os.listdir(path) if n.endswith(".ipynb") and not os.path.islink(os.path.join(path, n)))
         if not ipynbs:
@@ -520,10 +527,7 @@ def _materialize_zip(path: str, workdir: str, notes: list) -> list[str]:
             venvs = {n[:-len(VENV_MARKER)] for n in names
                      if n.endswith("/" + VENV_MARKER) and n[:-len(VENV_MARKER)] != top}
             if venvs:
-                shown = sorted(v[len(top):] if v.startswith(top) else v for v in venvs)
-                notes.append("set aside " + ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5
-                                                                    else "") + ": a virtual environment "
-                             "(pyvenv.cfg), not read")
+                notes.append(_venv_note([v[len(top):] if v.startswith(top) else v for v in venvs]))
             for info in infos:
                 name = info.filename
                 kind = stat.S_IFMT(info.external_attr >> 16)

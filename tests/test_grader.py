@@ -271,6 +271,15 @@ def test_a_virtual_environment_handed_back_is_set_aside(tmp_path):
         # the report says what was set aside: a venv inside the hand-back, never the folder handed back
         assert [n for n in notes if "set aside venv/" in n] == ([] if handed in (itself, dotted) else notes), notes
         assert len(notes) == (0 if handed in (itself, big_first, dotted) else 1), notes
+    many = tmp_path / "many"  # many venvs: one note, a few named and the rest counted
+    shutil.copytree(clean, many)
+    for i in range(20):
+        (many / f"env{i:02d}").mkdir()
+        (many / f"env{i:02d}" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    notes = []
+    assert materialize(str(many), str(work / "many"), notes) == want
+    assert notes == ["set aside env00/, env01/, env02/, env03/, env04/ and 15 more: a virtual environment "
+                     "(pyvenv.cfg), not read"], notes
     report = grade(str(zipped), Options(seed=2, trials=20))
     assert report["status"] == "graded" and report["tier"] == "Hire", report["tier_reason"]
     assert any(n.startswith("set aside venv/: a virtual environment") for n in report["notes"]), report["notes"]
