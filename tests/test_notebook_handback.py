@@ -114,6 +114,21 @@ def test_unattempted_sections_are_left_out(tmp_path):
     assert materialize(str(path), str(work)) == ["kv_cache.py"]
 
 
+def test_a_stub_nested_too_deep_to_print_is_read_as_written(tmp_path):
+    """A blank copy whose cost stubs raise through 600 unary minuses: Python parses it, but printing it back
+    exhausts the recursion limit. The stub check reads the syntax tree only, so the section counts as
+    written (it is not nbgrader's stub) and the notebook is laid out, never a grader error."""
+    nb = _student_copy(stubs=True)
+    cost = next(c for c in nb.cells if c.metadata.get("kvkit", {}).get("role") == "cost")
+    assert "raise NotImplementedError()" in cost.source
+    cost.source = cost.source.replace("raise NotImplementedError()", "raise " + "-" * 600 + "NotImplementedError()")
+    path = tmp_path / "deep.ipynb"
+    nbformat.write(nb, path)
+    work = tmp_path / "work"
+    work.mkdir()
+    assert materialize(str(path), str(work)) == ["cost.py", "kv_cache.py"]
+
+
 def test_a_notebook_without_roles_is_one_kv_cache(tmp_path):
     nb = _student_copy()
     for cell in nb.cells:
