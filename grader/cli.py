@@ -23,6 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from grader import report as report_mod
 from grader.grade import SCHEMA, Options, grade, prepare_inputs
 from grader.rubric import AUDIENCES, RubricError, load as load_rubric
+from grader.submission import name_of
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "catalogue", "examples")
 
@@ -38,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the hidden trials (default: random, recorded in the report)")
     p.add_argument("--jobs", type=int, default=1, help="submissions graded in parallel (default 1)")
     p.add_argument("--timeout", type=float, default=60.0, help="wall-clock seconds per sandboxed run (default 60)")
-    p.add_argument("--trials", type=int, default=200, help="random trials (at least 200 for a verdict; default 200)")
+    p.add_argument("--trials", type=int, default=200, help="random trials (default 200, a full grading; fewer are quicker, and each report says so)")
     p.add_argument("--rubric", metavar="FILE", help="a rubric TOML file (default: grader/rubric.toml)")
     p.add_argument("--out", metavar="DIR", help="write each report into DIR/<name>.json as it completes, "
                                                 "plus summary.md, summary.csv and grades.csv")
@@ -101,7 +102,6 @@ def _grade_one(path: str, options: Options) -> dict:
         return grade(path, options)
     except Exception as exc:  # noqa: BLE001
         from grader.grade import _error_report
-        from grader.submission import name_of
 
         report = _error_report(name_of(path), options, f"the grader failed on this submission ({type(exc).__name__}: "
                                f"{str(exc)[:200]})", started, status="grader_error")
@@ -109,14 +109,19 @@ def _grade_one(path: str, options: Options) -> dict:
         return report
 
 
-def finished_reports(paths: list[str], out_dir: str) -> dict:
-    """``{path: report}`` for the submissions whose report in ``out_dir`` is finished and graded.
+def finished_reports(paths: list[str], out_dir: str, changed: list | None = None) -> dict:
+    """``{path: report}`` for the submissions whose report in ``out_dir`` is finished, graded, and of the
+    hand-back as it is now.
 
     Only a whole report of this schema with ``status: graded`` counts: a
     ``not_graded`` or ``grader_error`` report, a half-written or foreign file
-    is graded again by ``--resume``.
+    is graded again by ``--resume``, and so is a hand-back whose files differ
+    from those its report graded (``hand_back_sha256``: a student handed in
+    again), which ``changed``, when given, lists.
     """
     import json
+
+    from grader.submission import hand_back_sha256
 
     done = {}
     for path in paths:
@@ -125,8 +130,13 @@ def finished_reports(paths: list[str], out_dir: str) -> dict:
                 previous = json.load(f)
         except (OSError, ValueError):
             continue
-        if isinstance(previous, dict) and previous.get("schema") == SCHEMA and previous.get("status") == "graded":
-            done[path] = previous
+        if not (isinstance(previous, dict) and previous.get("schema") == SCHEMA and previous.get("status") == "graded"):
+            continue
+        if previous.get("hand_back_sha256") != hand_back_sha256(path):
+            if changed is not None:
+                changed.append(path)
+            continue
+        done[path] = previous
     return done
 
 
@@ -167,8 +177,11 @@ def main(argv: list[str] | None = None) -> int:
 
     done = {}
     if args.resume:
-        done = finished_reports(paths, args.out)
-        print(f"--resume: kept {len(done)} finished report(s) in {args.out}; grading {len(paths) - len(done)}",
+        changed: list = []
+        done = finished_reports(paths, args.out, changed)
+        again = f" ({len(changed)} handed in again since: {report_mod.clean(', '.join(map(name_of, changed[:5])), 300)}" \
+            f"{', ...' if len(changed) > 5 else ''})" if changed else ""
+        print(f"--resume: kept {len(done)} finished report(s) in {args.out}; grading {len(paths) - len(done)}{again}",
               file=sys.stderr)
     todo = [p for p in paths if p not in done]
     reports = dict(done)

@@ -19,11 +19,13 @@ Nothing is guessed from source. Thresholds, with their reasons:
 * ``kv_repeat``: a decode step's process peaks max(1.5, 0.3 (G - 1)) times the
   live K/V or more above the same decode at G = 1 (its twin: the same cache,
   tokens and max_len). A repeat of K alone adds about (G - 1)/2, of K and V
-  G - 1; honest code adds what its scores add, a few percent. At the layout
-  with the most live K/V (64/8), a peak of 1 + 0.6 G times it fails the
-  criterion even when the twin holds as much (memory sized for every query
-  head whatever the heads), without naming a mistake; a gpt-fast mask table
-  of max_len^2 entries is about 1x there (measured 3x to 4x in all).
+  G - 1; honest code adds what its scores add, a few percent. The submission
+  can tell the twin (it sees q's heads) and hold as much there, so at the
+  layout with the largest G (128/8, G = 16) a peak of 1 + 0.4 G = 7.4 times
+  the live K/V fails the criterion whatever the twin holds, without naming a
+  mistake: half a repeat held at once (K's, then V's) peaks about 1 + G/2 =
+  9x; a gpt-fast mask table of max_len^2 entries is about 1x there (measured
+  3x to 4x in all).
 * ``max_len_scan``: the same 64 decode steps take at least 4x the CPU time in an
   8x larger reservation (a scan of it was 9x to 50x at these sizes; honest code
   0.8x to 1.3x, and 3.2x was seen on a loaded 2-core machine with 32 steps, for
@@ -43,7 +45,7 @@ from grader.compare import Comparison, StepVerdict, first_failure
 
 REPEAT_FACTOR = 0.3  # of (G - 1) x the live K/V, above the twin at G = 1: the extra peak that names a repeat
 REPEAT_MIN_EXTRA = 1.5  # ... and never below 1.5x the live K/V
-REPEAT_HELD = 0.6  # of G x the live K/V: a peak that fails at the largest layout even when its twin holds as much
+REPEAT_HELD = 0.4  # of G x the live K/V: a peak that fails at the largest-G layout whatever its twin holds
 GROWTH_FRACTION = 0.5  # extra peak of the appends, in live K/V, that names growth by copying
 PREFILL_LIMIT = 2.5  # what one prefill adds to the empty cache's peak, in live K/V: the cache, a copy of the input, slack
 GROWTH_COPIES = 150.0  # CPU time of the 300 appends, in copies of the live K/V, that names it too (one in two)
@@ -279,14 +281,17 @@ def no_repeat(runs: list, check_output: bool = True) -> Criterion:
             worst = (extra - limit, probe, twin, extra, G)
     source = runs[0][1].memory_source if runs[0][1] is not None else "cgroup"
     meter = "the sandbox's cgroup" if source == "cgroup" else "the process's peak RSS (wait4)"
-    # Memory the same at G = 1 cancels in the difference: at the layout with the most live K/V, where a
-    # mask table of max_len^2 entries is about 1x, a peak as large as K/V per query head fails too.
-    probe, task, _ = max((pair[False] for pair in pairs.values()), key=lambda run: run[0].live_bytes)
+    # Memory the same at G = 1 cancels in the difference, and a submission can make it so (it sees the
+    # heads): at the layout with the largest G (then the most live K/V), where a mask table of max_len^2
+    # entries is about 1x, a peak near half of K/V per query head fails whatever the twin holds.
+    probe, task, _ = max((pair[False] for pair in pairs.values()),
+                         key=lambda run: (run[0].config["G"], run[0].live_bytes))
     held, G = _held(probe, task) / probe.live_bytes, probe.config["G"]
     if not worst and held >= 1 + REPEAT_HELD * G:
         return Criterion(cid, "fail", f"decode at {_layout(probe.config)} holds {held:.1f}x the live K/V ({meter}), "
-                         f"and its twin at G = 1 about as much: memory for K/V per query head, whatever the heads "
-                         f"(a cache read in place holds about 2x). All layouts: " + "; ".join(figures))
+                         f"{1 + REPEAT_HELD * G:.1f}x or more, and its twin at G = 1 about as much: memory for K/V "
+                         f"per query head, or half of it at once, whatever the heads (a cache read in place holds "
+                         f"about 2x). All layouts: " + "; ".join(figures))
     if worst:
         _, probe, twin, extra, G = worst
         return Criterion(cid, "fail", f"decode at {_layout(probe.config)} peaks {extra:.1f}x the live K/V above the "

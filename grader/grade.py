@@ -23,7 +23,8 @@ from grader import compare, criteria as criteria_mod, diagnose, jobs, owntests, 
 from grader import report as report_mod
 from grader import rubric as rubric_mod
 from grader.sandbox import launch
-from grader.submission import SubmissionError, materialize, name_of, provide_helpers, set_aside_bundle, shadowing
+from grader.submission import (SubmissionError, laid_out_sha256, materialize, name_of, provide_helpers,
+                               set_aside_bundle, shadowing)
 from kvkit import cost_table
 from solutions import cost as ref_cost
 
@@ -43,13 +44,16 @@ def load_catalogue() -> tuple[dict, list]:
     return mistakes, general
 
 
+FULL_TRIALS = suite.FULL_TRIALS
+
+
 @dataclass
 class Options:
     """How to grade: the seed of the hidden trials, limits, rubric, isolation."""
 
     seed: int = field(default_factory=lambda: random.SystemRandom().randrange(2**31))
     timeout: float = 60.0
-    trials: int = 200
+    trials: int = FULL_TRIALS
     rubric: rubric_mod.Rubric = field(default_factory=rubric_mod.load)
     isolation: object = None  # grader.isolation.Isolation, or None for the plain child
 
@@ -264,9 +268,15 @@ def grade(path: str, options: Options | None = None) -> dict:
             files = materialize(path, workdir, laid_out)
         except SubmissionError as exc:
             return _error_report(name, options, str(exc), started)
+        sha256 = laid_out_sha256(workdir, files)  # before any file is set aside or run
         report = _grade_laid_out(name, workdir, files, options, started)
+        report["hand_back_sha256"] = sha256  # --resume grades a hand-back changed since again
         if laid_out:
             report["notes"] = laid_out + list(report.get("notes") or [])
+        if report.get("status") == "graded" and options.trials < FULL_TRIALS:
+            report.setdefault("notes", []).append(
+                f"a quick grading: {options.trials} random trials, fewer than the {FULL_TRIALS} of a full one "
+                f"(--trials); a mistake that shows in few of them may go unseen")
         return report
     finally:
         launch.remove_tree(workdir)

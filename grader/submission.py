@@ -473,6 +473,33 @@ def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]
     return sorted(written)
 
 
+def laid_out_sha256(workdir: str, files: list[str]) -> str:
+    """SHA-256 of the hand-back as laid out: each file's path and bytes, in path order. What was graded,
+    whatever the form it came in (a folder, a zip, a notebook's cells), so that a batch's ``--resume``
+    tells a hand-back changed since its report from one that was not."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for rel in sorted(files):
+        with open(os.path.join(workdir, rel), "rb") as f:
+            data = f.read()
+        digest.update(f"{rel}\0{len(data)}\0".encode("utf-8", "surrogateescape"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def hand_back_sha256(path: str) -> str | None:
+    """``laid_out_sha256`` of the hand-back at ``path`` now (laid out in a scratch folder, then removed);
+    None when it cannot be laid out (gone, unreadable: a report's reason says which)."""
+    scratch = tempfile.mkdtemp(prefix=f"kvkit-resume-{os.getpid()}-")
+    try:
+        return laid_out_sha256(scratch, materialize(path, scratch))
+    except (SubmissionError, OSError):
+        return None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _zip_directory(path: str) -> tuple[int, int]:
     """``(entries, central directory bytes)`` as the zip's end records announce them, read before the
     directory is parsed (zip64 records included); ``(0, 0)`` when there is no end record (zipfile says so).

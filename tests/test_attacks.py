@@ -58,6 +58,20 @@ def gqa_attention(q, cache, n_new):
         held = [_repeat_into(cache.k[:, :, :S], G, {store}), _repeat_into(cache.v[:, :, :S], G, {store})]
     return _honest_attention(q, cache, n_new)
 '''
+# K repeated per query head and dropped, then V's: half a repeat held at once. At G = 1 (the twin at each
+# layout, which a submission can tell by q's heads) it holds as large a workspace, so the two peaks match.
+HALF_REPEAT = '''
+_honest_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    G = np.asarray(q).shape[1] // cache.k.shape[1]
+    S = int(np.max(cache.lens)) if len(cache.lens) else 0
+    for buffer in (cache.k, cache.v):
+        held = np.repeat(buffer[:, :, :S], G if G > 1 else 16, axis=1)
+        del held
+    return _honest_attention(q, cache, n_new)
+'''
 MMAP_STORE = '''(lambda a: (lambda m: (np.frombuffer(m, dtype=a.dtype, count=a.size).__setitem__(slice(None), a.ravel()),
                  np.frombuffer(m, dtype=a.dtype, count=a.size))[1])(__import__("mmap").mmap(-1, max(a.nbytes, 1))))'''
 MEMFD_STORE = '''(lambda a: (lambda fd: (__import__("os").write(fd, a.tobytes()), __import__("os").lseek(fd, 0, 0),
@@ -151,8 +165,8 @@ def test_append_writes_in_place_and_returns_plain_arrays():
     out = gqa_attention(np.zeros((2, 4, 3, 4), np.float32), cache, np.array([3, 2]))
     assert type(out) is np.ndarray and out.shape == (2, 4, 3, 4)
 '''
-# K and V repeated per query head into a workspace sized for 8 query heads per KV head whatever G is, so
-# the layout's twin at G = 1 holds as much and the difference of the two shows nothing.
+# K and V repeated per query head into a workspace sized for 16 query heads per KV head (the probes' largest
+# G) whatever G is, so the layout's twin at G = 1 holds as much and the difference of the two shows nothing.
 WORKSPACE_REPEAT = '''
 _honest_attention = gqa_attention
 
@@ -161,7 +175,7 @@ def gqa_attention(q, cache, n_new):
     B, Hkv, _, d = cache.k.shape
     G = np.asarray(q).shape[1] // Hkv
     S = int(np.max(cache.lens)) if len(cache.lens) else 0
-    heads = Hkv * max(G, 8)
+    heads = Hkv * max(G, 16)
     ws = getattr(cache, "_ws", None)
     if ws is None or ws.shape[2] < heads or ws.shape[3] < S:
         ws = cache._ws = np.ones((2, B, heads, S, d), cache.k.dtype)
@@ -496,6 +510,7 @@ CASES = {
     # name: (files, control)
     "control_repeat": ({"kv_cache.py": weak()}, None),
     "repeat_into_mmap": ({"kv_cache.py": weak(store=MMAP_STORE)}, "control_repeat"),
+    "half_repeat_beside_a_padded_twin": ({"kv_cache.py": BASE + HALF_REPEAT}, "control_repeat"),
     "repeat_into_memfd": ({"kv_cache.py": weak(store=MEMFD_STORE)}, "control_repeat"),
     "repeat_unless_traced": ({"kv_cache.py": weak(when="not __import__('tracemalloc').is_tracing()")},
                              "control_repeat"),

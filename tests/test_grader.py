@@ -329,3 +329,5 @@ def test_a_hand_back_inside_wrapper_folders_is_graded_from_the_folder_that_holds
     report = grade(str(tmp_path / "frank"), Options(seed=2, trials=20))
     assert report["tier"] == "Weak" and "chunk_local_mask" in report["mistakes"], report["tier_reason"]
     assert "graded the folder submission/kvkit-takehome/" in report["notes"][0], report["notes"]
+    # 20 random trials, not a full grading's 200: the report says so
+    assert report["notes"][-1].startswith("a quick grading: 20 random trials, fewer than the 200"), report["notes"]

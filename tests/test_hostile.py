@@ -291,7 +291,8 @@ def _goes_on(reports, cases):
     assert len(reports) == len(cases) + 1
     after = reports["hire_basic"]
     assert after["tier"] == "Hire" and not after.get("error"), after.get("tier_reason")
-    assert not after["notes"], after["notes"]  # nothing from the hostile ones leaks into the next report
+    # nothing from the hostile ones leaks into the next report (its one note: the batch's few trials)
+    assert [n for n in after["notes"] if not n.startswith("a quick grading")] == [], after["notes"]
 
 
 def test_the_grader_goes_on(graded):

@@ -49,6 +49,17 @@ def test_summary_counts_each_status_apart():
     assert grades[0].startswith("submission,status,tier") and any(",not_graded,," in row for row in grades)
 
 
+def test_a_quick_grading_says_so_in_the_summary():
+    """Reports graded with fewer random trials than a full grading: the class summary says how many."""
+    from grader.suite import FULL_TRIALS
+
+    full, quick = graded("a", "Hire"), graded("b", "Weak")
+    full["trials"], quick["trials"] = {"random": FULL_TRIALS}, {"random": 20}
+    assert "quick grading" not in summary.markdown([full])
+    assert f"A quick grading: 20 random trials per submission, fewer than the {FULL_TRIALS}" in \
+        summary.markdown([full, quick])
+
+
 def test_an_optional_section_left_out_counts_neither_for_nor_against_a_rate():
     a, b = graded("a", "Strong Hire"), graded("b", "Weak")
     for c in b["criteria"]:
@@ -97,15 +108,38 @@ def test_markdown_cannot_forge_a_section():
     assert [line for line in lines if line.startswith("## ")] == ["## x: Weak (50/100)"]
 
 
-def test_resume_keeps_only_finished_graded_reports(tmp_path):
+def test_resume_keeps_only_finished_graded_reports_of_the_hand_back_as_it_is(tmp_path):
+    """Kept: a whole graded report of the files as they are now. Graded again: not graded, grader errors,
+    reports cut short, and a hand-back changed since its report (handed in again), which is listed."""
+    from grader.submission import hand_back_sha256
+
     out = tmp_path / "out"
     out.mkdir()
-    paths = [str(tmp_path / n) for n in ("a", "b", "c", "d", "e")]
-    (out / report_name(paths[0])).write_text(json.dumps(graded("a", "Hire")))
+    paths = [str(tmp_path / n) for n in ("a", "b", "c", "d", "e", "f.py", "g")]
+    for path in paths:
+        if path.endswith(".py"):
+            open(path, "w").write("x = 1\n")
+        else:
+            os.makedirs(path)
+            open(os.path.join(path, "kv_cache.py"), "w").write("x = 1\n")
+    kept = {**graded("a", "Hire"), "hand_back_sha256": hand_back_sha256(paths[0])}
+    (out / report_name(paths[0])).write_text(json.dumps(kept))
     (out / report_name(paths[1])).write_text(json.dumps(report.ungraded("b", 1, RUBRIC, "no kv_cache.py")))
     (out / report_name(paths[2])).write_text(json.dumps(report.ungraded("c", 1, RUBRIC, "x", "grader_error")))
     (out / report_name(paths[3])).write_text('{"schema": "kvkit.report/1", "status": "gra')  # cut short
-    assert set(finished_reports(paths, str(out))) == {paths[0]}
+    for path in paths[5:]:  # graded, then handed in again with one character changed
+        (out / report_name(path)).write_text(json.dumps({**graded("f", "Weak"), "hand_back_sha256": hand_back_sha256(path)}))
+    open(paths[5], "w").write("x = 2\n")
+    open(os.path.join(paths[6], "kv_cache.py"), "w").write("x = 2\n")
+    changed: list = []
+    assert set(finished_reports(paths, str(out), changed)) == {paths[0]}
+    assert changed == paths[5:]
+    # the hash is of the files laid out: the same code in a zip of the folder is the same hand-back
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "a.zip", "w") as archive:
+        archive.write(os.path.join(paths[0], "kv_cache.py"), "a/kv_cache.py")
+    assert hand_back_sha256(str(tmp_path / "a.zip")) == kept["hand_back_sha256"]
+    assert hand_back_sha256(str(tmp_path / "missing")) is None
 
 
 def test_a_class_folder_gives_one_row_per_entry(tmp_path):
