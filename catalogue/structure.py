@@ -93,7 +93,8 @@ MASKS = {
     # The same mask at decode too (query 0 of a one-token call sees key 0 alone).
     "chunk_local_mask/at_decode_too": lambda pos, t, live, n, T, S: t + 1,
     "off_by_one_mask": lambda pos, t, live, n, T, S: pos + 2 if pos + 2 <= live else None,
-    "off_by_one_mask/too_few": lambda pos, t, live, n, T, S: pos if pos > 0 else None,
+    # Not itself: a row's first token sees nothing (0 keys: a softmax kept finite gives 0 there).
+    "off_by_one_mask/too_few": lambda pos, t, live, n, T, S: pos,
     # No mask at all on a chunk after a prefix: every key of the row.
     "future_keys_visible": lambda pos, t, live, n, T, S: live,
     # Positions counted from the longest row, or one mask [T, S] for the whole batch.

@@ -142,6 +142,29 @@ def test_a_decode_bug_is_not_taken_for_an_overflow_bug():
     assert result.status == "fail" and result.mistakes == ["length_before_write"]
 
 
+def test_a_strict_mask_whose_first_query_sees_nothing_is_the_off_by_one_mask():
+    """`s < pos` instead of `s <= pos`, with a softmax kept finite: each query misses its own key, and the
+    first token of a row sees nothing and returns 0. That first query is the same pattern, not an unknown."""
+    def strict(q, cache, n_new):
+        q = np.asarray(q)
+        B, Hq, T, d = q.shape
+        G = Hq // cache.k.shape[1]
+        out = np.zeros(q.shape, dtype=q.dtype)
+        for b in range(B):
+            lens, n = int(cache.lens[b]), int(n_new[b])
+            for t in range(n):
+                pos = lens - n + t
+                for h in range(Hq):
+                    k, v = cache.k[b, h // G, :pos], cache.v[b, h // G, :pos]  # keys 0 .. pos - 1
+                    if pos:
+                        s = k @ q[b, h, t] / np.sqrt(d)
+                        w = np.exp(s - s.max())
+                        out[b, h, t] = (w / w.sum()) @ v
+        return out
+
+    assert set(recovered(ref.KVCache, strict).named) == {"off_by_one_mask"}
+
+
 def test_a_top_left_mask_at_decode_too_is_still_the_chunk_local_mask():
     """Learner and grader name the same code alike: top-left at every call, decode included."""
     def top_left_everywhere(q, cache, n_new):
