@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from grader import report as report_mod
@@ -169,20 +170,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from grader.sandbox import isolation
 
-    options = Options(seed=args.seed if args.seed is not None else random.SystemRandom().randrange(2**31),
-                      timeout=args.timeout, trials=args.trials, rubric=rubric,
-                      isolation=isolation.choose(args.isolation))
-    if options.isolation and options.isolation.warning:
-        print(f"warning: {options.isolation.warning}", file=sys.stderr)
-
-    done = {}
+    done, seed = {}, args.seed
     if args.resume:
         changed: list = []
         done = finished_reports(paths, args.out, changed)
         again = f" ({len(changed)} handed in again since: {report_mod.clean(', '.join(map(name_of, changed[:5])), 300)}" \
             f"{', ...' if len(changed) > 5 else ''})" if changed else ""
+        kept_seeds = Counter(r.get("seed") for r in done.values() if isinstance(r.get("seed"), int))
+        if seed is None and kept_seeds:  # the rest of the class on the same hidden trials as the reports kept
+            seed = kept_seeds.most_common(1)[0][0]
+            again += f"; seed {seed}, as the kept reports"
         print(f"--resume: kept {len(done)} finished report(s) in {args.out}; grading {len(paths) - len(done)}{again}",
               file=sys.stderr)
+    options = Options(seed=seed if seed is not None else random.SystemRandom().randrange(2**31),
+                      timeout=args.timeout, trials=args.trials, rubric=rubric,
+                      isolation=isolation.choose(args.isolation))
+    if options.isolation and options.isolation.warning:
+        print(f"warning: {options.isolation.warning}", file=sys.stderr)
     todo = [p for p in paths if p not in done]
     reports = dict(done)
     from rich.console import Console

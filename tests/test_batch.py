@@ -65,9 +65,9 @@ def reports_in(out: str) -> dict:
     return found
 
 
-def command(class_dir: str, out: str, *extra: str) -> list[str]:
+def command(class_dir: str, out: str, *extra: str, seed: bool = True) -> list[str]:
     return [sys.executable, "-m", "grader", class_dir, "--jobs", "2", "--out", out, "--quiet",
-            "--trials", "20", "--timeout", "60", "--seed", "11", *extra]
+            "--trials", "20", "--timeout", "60", *(["--seed", "11"] if seed else []), *extra]
 
 
 def test_batch_kill_and_resume(tmp_path):
@@ -89,16 +89,18 @@ def test_batch_kill_and_resume(tmp_path):
     for name, (_, data) in before.items():
         assert json.loads(data)["schema"] == "kvkit.report/1", name  # whole reports only
 
-    # Second run: --resume grades only the rest.
+    # Second run: --resume grades only the rest, with the kept reports' seed when none is given.
     started = time.monotonic()
-    second = subprocess.run(command(class_dir, out, "--resume"), cwd=ROOT, capture_output=True, text=True,
-                            timeout=600)
+    second = subprocess.run(command(class_dir, out, "--resume", seed=False), cwd=ROOT, capture_output=True,
+                            text=True, timeout=600)
     elapsed = time.monotonic() - started
     assert second.returncode == 0, second.stderr[-3000:]
     after = reports_in(out)
     assert sorted(after) == sorted(tiers)
     for name, (mtime, data) in before.items():
         assert after[name] == (mtime, data), f"{name} was graded again"
+    assert "seed 11, as the kept reports" in second.stderr, second.stderr
+    assert {json.loads(data)["seed"] for _, data in after.values()} == {11}
     graded_now = CLASS_SIZE - len(before)
     print(f"\nresumed {graded_now} submissions in {elapsed:.1f} s with --jobs 2: "
           f"{60 * graded_now / elapsed:.1f} submissions per minute")
