@@ -525,10 +525,9 @@ def build_report(name, options, criteria, named, port_named, notes, level, start
     rubric = options.rubric
     mistakes_doc, general = load_catalogue()
     statuses = {cid: c.status for cid, c in criteria.items()}
-    # A port mistake caps the tier, except one whose criterion is worth points only (tier "none", e.g.
-    # max_len_scan): the NumPy section reports it without a cap, and so does the port.
-    capping = sorted(m for m in port_named
-                     if rubric.criteria.get(mistakes_doc.get(m, {}).get("criterion"), {}).get("tier") != "none")
+    # Any mistake named in the port caps the tier (docs: README, "Tier and score"), max_len_scan included,
+    # though in the NumPy part, whose criterion is worth points only, it caps nothing.
+    capping = sorted(port_named)
     if criteria.get("torch_port") is not None and criteria["torch_port"].caps:
         capping.append(criteria["torch_port"].caps)
     tier, reason = rubric.tier(statuses, sorted(named), capping, {cid: c.evidence for cid, c in criteria.items()},

@@ -110,7 +110,7 @@ class Rubric:
                           if spec["tier"] == "Strong Hire" and statuses.get(c) != "pass"]
         tier, reason = ("Hire", f"not Strong Hire: not passed: {title(missing_strong)}") if missing_strong \
             else ("Strong Hire", "every Hire and Strong Hire criterion passes")
-        capping = list(port_mistakes)  # the caller leaves out mistakes that only cost time (see grade.build_report)
+        capping = list(port_mistakes)
         if capping:
             cap = f"port: {', '.join(capping)} (caps the tier at {self.port_mistake_cap})"
             if TIERS.index(tier) > TIERS.index(self.port_mistake_cap):

@@ -152,7 +152,11 @@ def _read_notebook(path: str):
     if os.path.getsize(path) > MAX_NOTEBOOK_BYTES:
         raise SubmissionError(f"{path}: a notebook larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB")
     try:
-        nb = nbformat.read(path, as_version=4)
+        import warnings
+
+        with warnings.catch_warnings():  # nbformat's warnings about a hand-back (a cell without an id) are noise
+            warnings.simplefilter("ignore")
+            nb = nbformat.read(path, as_version=4)
     except Exception as exc:  # nbformat raises several kinds; their messages quote the file, so not shown
         raise SubmissionError(f"{path}: not a readable notebook ({type(exc).__name__})") from exc
     # nbformat only warns about a notebook its schema rejects: every cell is read below by its type and
@@ -358,7 +362,10 @@ def provide_helpers(workdir: str, sources: list[str]) -> list[str]:
 
 def _write_notebook(path: str, workdir: str, skip: set[str] = frozenset()) -> list[str]:
     """Write the notebook's files (``notebook_files``) into ``workdir``, those named in ``skip`` excepted."""
-    files = {name: text for name, text in notebook_files(path).items() if name not in skip}
+    # JSON can carry a lone surrogate (\\ud800), which no UTF-8 file can: it becomes "?", as the bytes
+    # of a .py file that are not UTF-8 become U+FFFD when it is read.
+    files = {name: text.encode("utf-8", "replace").decode("utf-8")
+             for name, text in notebook_files(path).items() if name not in skip}
     for name, text in files.items():
         with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
             f.write(text)
@@ -494,8 +501,8 @@ def hand_back_sha256(path: str) -> str | None:
     scratch = tempfile.mkdtemp(prefix=f"kvkit-resume-{os.getpid()}-")
     try:
         return laid_out_sha256(scratch, materialize(path, scratch))
-    except (SubmissionError, OSError):
-        return None
+    except Exception:  # noqa: BLE001 - whatever the hand-back does to the layout, it is graded again, and its
+        return None  # report says what went wrong; one hand-back never ends the batch here
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

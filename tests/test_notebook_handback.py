@@ -129,6 +129,25 @@ def test_a_stub_nested_too_deep_to_print_is_read_as_written(tmp_path):
     assert materialize(str(path), str(work)) == ["cost.py", "kv_cache.py"]
 
 
+def test_a_lone_surrogate_in_a_cell_is_laid_out_like_the_same_notebook_without_it(tmp_path):
+    """JSON may escape a lone surrogate (\\ud800) that no UTF-8 file can hold: it is written as "?", never a
+    grader error, and the hand-back's fingerprint (--resume) is taken all the same."""
+    import json
+
+    from grader.submission import hand_back_sha256
+
+    code = (ROOT / "catalogue" / "examples" / "hire_basic" / "kv_cache.py").read_text()
+    for name, extra in (("control", ""), ("surrogate", "\n# note \ud800\n")):
+        cell = {"cell_type": "code", "metadata": {}, "source": code + extra, "outputs": [], "execution_count": None,
+                "id": "a"}
+        (tmp_path / f"{name}.ipynb").write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4,
+                                                            "nbformat_minor": 5}))
+        (tmp_path / f"work-{name}").mkdir()
+        assert materialize(str(tmp_path / f"{name}.ipynb"), str(tmp_path / f"work-{name}")) == ["kv_cache.py"]
+        assert hand_back_sha256(str(tmp_path / f"{name}.ipynb")) is not None
+    assert (tmp_path / "work-surrogate" / "kv_cache.py").read_text().endswith("# note ?\n")
+
+
 def test_a_notebook_without_roles_is_one_kv_cache(tmp_path):
     nb = _student_copy()
     for cell in nb.cells:

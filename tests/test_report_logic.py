@@ -142,6 +142,31 @@ def test_resume_keeps_only_finished_graded_reports_of_the_hand_back_as_it_is(tmp
     assert hand_back_sha256(str(tmp_path / "missing")) is None
 
 
+def test_resume_grades_again_a_hand_back_that_cannot_be_laid_out_now(tmp_path, monkeypatch):
+    """Whatever laying a hand-back out raises while --resume compares it, that one is graded again (its
+    report says why); the batch goes on."""
+    from grader import submission
+
+    out = tmp_path / "out"
+    out.mkdir()
+    paths = [str(tmp_path / n) for n in ("a", "b")]
+    for path in paths:
+        os.makedirs(path)
+        open(os.path.join(path, "kv_cache.py"), "w").write("x = 1\n")
+        report_of = {**graded(os.path.basename(path), "Hire"), "hand_back_sha256": submission.hand_back_sha256(path)}
+        (out / report_name(path)).write_text(json.dumps(report_of))
+    real = submission.materialize
+
+    def broken_for_b(path, workdir, notes=None):
+        if path.endswith("b"):
+            raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+        return real(path, workdir, notes)
+
+    monkeypatch.setattr(submission, "materialize", broken_for_b)
+    changed: list = []
+    assert set(finished_reports(paths, str(out), changed)) == {paths[0]} and changed == [paths[1]]
+
+
 def test_a_class_folder_gives_one_row_per_entry(tmp_path):
     cls = tmp_path / "class"
     (cls / "alice").mkdir(parents=True)
@@ -274,6 +299,16 @@ def test_port_mistakes_are_tagged_by_section_and_the_cap_is_spelled_out():
     r = built(decided({"torch_port": ("fail", "port mistakes: kv_repeat")}), port_named={"kv_repeat": "peak"})
     assert report.mistakes_line(r) == "port: kv_repeat (caps the tier at Hire)"
     assert "port: kv_repeat (caps the tier at Hire)" in r["tier_reason"]
+
+
+def test_a_port_that_scans_max_len_caps_the_tier_though_the_numpy_part_would_not():
+    """Any mistake named in the port caps the tier (a gpt-fast port over the whole reservation), while the
+    same mistake in the NumPy part costs the live-length points and caps nothing."""
+    port = built(decided({"torch_port": ("fail", "port mistakes: max_len_scan")}), port_named={"max_len_scan": "10x"})
+    assert port["tier"] == "Hire" and port["port_cap"] == "Hire", port["tier_reason"]
+    assert "port: max_len_scan (caps the tier at Hire)" in port["tier_reason"]
+    numpy = built(decided({"live_length": ("fail", "25x: attention scans max_len")}), named={"max_len_scan": "25x"})
+    assert numpy["tier"] == "Strong Hire" and numpy["score"] < RUBRIC.max_score, numpy["tier_reason"]
 
 
 def test_follow_ups_follow_the_diagnosis():
