@@ -91,6 +91,10 @@ def recover(comparison: Comparison, outputs_by_trial: dict) -> Diagnosis:
     """Read the structure trials' outputs back into masks and head maps, and name what they show."""
     diag = Diagnosis()
     head_sets, mask_sets, examples = [], [], {}
+    # Mask patterns shown by a wrong query that saw some key (or an empty slot). An output of exact zeros
+    # (a query that saw nothing) fits a pattern that hides every key from it, but so does code that skips
+    # the query: alone, it names nothing.
+    shown_with_keys: set = set()
     for name in dict.fromkeys(s.trial.name for s in comparison.steps if s.kind == "structure"):
         steps = comparison.in_trials(name)
         trial = steps[0].trial
@@ -118,6 +122,8 @@ def recover(comparison: Comparison, outputs_by_trial: dict) -> Diagnosis:
                     diag.heads = _head_picture(trial, outputs_by_trial[name][i], b, t, case)
             if "right" not in masks:
                 mask_sets.append(masks)
+                if got or seen.empty:
+                    shown_with_keys |= masks
                 empty = f" and {seen.empty} slot(s) holding no token" if seen.empty else ""
                 for p in masks:
                     examples.setdefault(p, f"{where} (position {pos}) sees keys {_span(got)}{empty}; "
@@ -126,11 +132,13 @@ def recover(comparison: Comparison, outputs_by_trial: dict) -> Diagnosis:
                     diag.mask = _mask_picture(trial, outputs_by_trial[name][i], i, b, h, before, after, case)
             if not heads or not masks:
                 diag.unexplained += 1
-    for sets in (head_sets, mask_sets):
+    for sets, shown in ((head_sets, None), (mask_sets, shown_with_keys)):
         known = [s for s in sets if s]
         chosen = structure.explain(known) or set()
         if len(known) < len(sets):
             continue  # some wrong query shows no known pattern: name none of this part
+        if shown is not None and not chosen <= shown:
+            continue  # a pattern only queries that saw nothing show: not shown by the code's behaviour
         for pattern in sorted(chosen):
             diag.named.setdefault(structure.mistake_of(pattern),
                                   f"recovered with q = 0 and one-hot values: {examples[pattern]}")

@@ -149,6 +149,8 @@ def _read_notebook(path: str):
 
     if os.path.islink(path):
         raise SubmissionError(f"{path}: a symbolic link, not a submitted notebook")
+    if not os.path.isfile(path):
+        raise SubmissionError(f"{path}: not a regular file")
     if os.path.getsize(path) > MAX_NOTEBOOK_BYTES:
         raise SubmissionError(f"{path}: a notebook larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB")
     try:
@@ -402,7 +404,8 @@ def _inner_folder(path: str) -> str:
             break
         inner = os.path.join(inner, folders[0])
     try:
-        holds_work = any(e == "kv_cache.py" or e.endswith(".ipynb") for e in os.listdir(inner))
+        holds_work = any((e == "kv_cache.py" or e.endswith(".ipynb")) and os.path.isfile(os.path.join(inner, e))
+                         for e in os.listdir(inner))
     except OSError:
         return path
     return inner if holds_work else path
@@ -423,6 +426,8 @@ def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]
         raise SubmissionError(f"{path}: a symbolic link; hand in the file or folder itself")
     if not os.path.exists(path):
         raise SubmissionError(f"{path}: no such file or directory")
+    if not (os.path.isfile(path) or os.path.isdir(path)):  # a FIFO or a device: reading it could block forever
+        raise SubmissionError(f"{path}: not a regular file or folder")
     if os.path.isfile(path) and path.endswith(".zip"):
         return _materialize_zip(path, workdir, notes)
     if os.path.isfile(path):
@@ -466,14 +471,15 @@ def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]
     if venvs_aside:
         notes.append(_venv_note(venvs_aside))
     if "kv_cache.py" not in written:
-        ipynbs = sorted(n for n in os.listdir(path) if n.endswith(".ipynb") and not os.path.islink(os.path.join(path, n)))
+        regular = lambda p: os.path.isfile(p) and not os.path.islink(p)  # noqa: E731 - never a FIFO (it blocks)
+        ipynbs = sorted(n for n in os.listdir(path) if n.endswith(".ipynb") and regular(os.path.join(path, n)))
         if not ipynbs:
             # nbgrader's layout, submitted/<student>/<assignment>/<notebook>.ipynb: one notebook one level down.
             nested = sorted(os.path.join(d, n) for d in os.listdir(path)
                             if os.path.isdir(os.path.join(path, d)) and not os.path.islink(os.path.join(path, d))
                             and d not in SKIP_DIRS
                             for n in os.listdir(os.path.join(path, d))
-                            if n.endswith(".ipynb") and not os.path.islink(os.path.join(path, d, n)))
+                            if n.endswith(".ipynb") and regular(os.path.join(path, d, n)))
             ipynbs = nested if len(nested) == 1 else []
         if ipynbs:  # the folder's own files win over the notebook's
             written += _write_notebook(os.path.join(path, ipynbs[0]), workdir, skip=set(written))

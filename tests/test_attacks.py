@@ -876,6 +876,38 @@ def _zip_of_empty_files(count: int, pad: int = 0) -> bytes:
     return b"".join(local) + directory + end
 
 
+def test_a_fifo_handed_back_as_a_notebook_or_a_file_blocks_nothing(tmp_path):
+    """A FIFO named work.ipynb in a hand-back without kv_cache.py, or named bob.py in a class, would block
+    the grader's own process on its first read (and a batch, --resume included, with it). Beside a real
+    notebook of the same code (graded), each is read as no file: not graded, with the reason, at once."""
+    import json
+    import signal
+
+    from grader.grade import Options, grade
+    from grader.submission import hand_back_sha256
+
+    code = open(os.path.join(ROOT, "catalogue", "examples", "hire_basic", "kv_cache.py")).read()
+    cell = {"cell_type": "code", "metadata": {}, "source": code, "outputs": [], "execution_count": None, "id": "a"}
+    control, mallory = tmp_path / "control", tmp_path / "mallory"
+    control.mkdir()
+    mallory.mkdir()
+    (control / "work.ipynb").write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4,
+                                                    "nbformat_minor": 5}))
+    os.mkfifo(mallory / "work.ipynb")
+    os.mkfifo(tmp_path / "bob.py")
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("a read of the FIFO blocked"))
+    signal.alarm(60)
+    try:
+        assert grade(str(control), Options(seed=1, trials=5))["status"] == "graded"
+        for path, why in ((mallory, "no kv_cache.py"), (tmp_path / "bob.py", "not a regular file or folder")):
+            report = grade(str(path), Options(seed=1, trials=5))
+            assert report["status"] == "not_graded" and why in report["tier_reason"], report["tier_reason"]
+            hand_back_sha256(str(path))  # what --resume takes of it returns
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_zip_of_many_entries_is_refused_fast(tmp_path):
     """Refused from its end record, before zipfile parses the directory: also when the record announces one
     entry (zipfile would read the whole directory by its announced size, in the grader's own process)."""

@@ -164,6 +164,17 @@ def test_a_strict_mask_whose_first_query_sees_nothing_is_the_off_by_one_mask():
 
     assert set(recovered(ref.KVCache, strict).named) == {"off_by_one_mask"}
 
+    def first_query_zero(q, cache, n_new):  # right everywhere but a row's first token, which returns 0
+        out = np.array(ref.gqa_attention(q, cache, n_new))
+        for b in range(out.shape[0]):
+            start = int(cache.lens[b]) - int(n_new[b])
+            if start == 0 and int(n_new[b]) > 0:
+                out[b, :, 0] = 0.0
+        return out
+
+    diag = recovered(ref.KVCache, first_query_zero)
+    assert diag.wrong_queries and not diag.named, diag.named  # only zeros show it: nothing is named
+
 
 def test_a_top_left_mask_at_decode_too_is_still_the_chunk_local_mask():
     """Learner and grader name the same code alike: top-left at every call, decode included."""
