@@ -22,7 +22,7 @@ from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from grader import report as report_mod
-from grader.grade import SCHEMA, Options, grade, prepare_inputs
+from grader.grade import FULL_TRIALS, SCHEMA, Options, grade, prepare_inputs
 from grader.rubric import AUDIENCES, RubricError, load as load_rubric
 from grader.submission import name_of
 
@@ -37,10 +37,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write the reports as JSON (a list; a directory: one file each)")
     p.add_argument("--markdown", metavar="FILE", help="write the reports as Markdown")
     p.add_argument("--gradescope", metavar="FILE", help="write Gradescope's results.json (one submission)")
-    p.add_argument("--seed", type=int, help="seed of the hidden trials (default: random, recorded in the report)")
+    p.add_argument("--seed", type=int, help="seed of the hidden trials, 0 or more (default: random, recorded in the "
+                                            "report; with --resume, the kept reports' seed)")
     p.add_argument("--jobs", type=int, default=1, help="submissions graded in parallel (default 1)")
     p.add_argument("--timeout", type=float, default=60.0, help="wall-clock seconds per sandboxed run (default 60)")
-    p.add_argument("--trials", type=int, default=200, help="random trials (default 200, a full grading; fewer are quicker, and each report says so)")
+    p.add_argument("--trials", type=int, help="random trials (default 200, a full grading; fewer are quicker, and "
+                                              "each report says so; with --resume, the kept reports' count)")
     p.add_argument("--rubric", metavar="FILE", help="a rubric TOML file (default: grader/rubric.toml)")
     p.add_argument("--out", metavar="DIR", help="write each report into DIR/<name>.json as it completes, "
                                                 "plus summary.md, summary.csv and grades.csv")
@@ -48,9 +50,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--isolation", choices=["auto", "process", "namespaces"], default="auto",
                    help="process: child process and limits; namespaces: also Linux namespaces (auto: the best available)")
     p.add_argument("--quiet", action="store_true", help="no per-submission verdicts on the terminal")
-    p.add_argument("--audience", choices=list(AUDIENCES), default="hiring",
-                   help="whose words for the tiers: hiring (Weak / Hire / Strong Hire, with interviewer "
-                        "questions) or class (the rubric's classroom names, no questions)")
+    p.add_argument("--audience", choices=list(AUDIENCES),
+                   help="whose words for the tiers: hiring (the default: Weak / Hire / Strong Hire, with interviewer "
+                        "questions) or class (the rubric's classroom names, no questions); with --resume, the kept "
+                        "reports' audience")
     return p
 
 
@@ -141,6 +144,12 @@ def finished_reports(paths: list[str], out_dir: str, changed: list | None = None
     return done
 
 
+def _most_common(reports: dict, read, kind):
+    """The value ``read`` takes most often over ``reports`` (of type ``kind``), or None."""
+    values = Counter(v for v in map(read, reports.values()) if isinstance(v, kind) and not isinstance(v, bool))
+    return values.most_common(1)[0][0] if values else None
+
+
 def report_name(path: str) -> str:
     """The file name a submission's report gets in ``--out``."""
     return os.path.basename(os.path.normpath(path)).replace(os.sep, "_") + ".json"
@@ -154,8 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"kvkit grade: no such submission: {', '.join(missing)}", file=sys.stderr)
         return 2
-    if args.jobs < 1 or args.timeout <= 0 or args.trials < 1:
+    if args.jobs < 1 or args.timeout <= 0 or (args.trials is not None and args.trials < 1):
         print("kvkit grade: --jobs, --timeout and --trials must be positive", file=sys.stderr)
+        return 2
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        print(f"kvkit grade: --seed must be an integer from 0 to 2**63 - 1, got {args.seed}", file=sys.stderr)
         return 2
     if args.resume and not args.out:
         print("kvkit grade: --resume needs --out DIR", file=sys.stderr)
@@ -170,20 +182,29 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from grader.sandbox import isolation
 
-    done, seed = {}, args.seed
+    done = {}
     if args.resume:
         changed: list = []
         done = finished_reports(paths, args.out, changed)
         again = f" ({len(changed)} handed in again since: {report_mod.clean(', '.join(map(name_of, changed[:5])), 300)}" \
             f"{', ...' if len(changed) > 5 else ''})" if changed else ""
-        kept_seeds = Counter(r.get("seed") for r in done.values() if isinstance(r.get("seed"), int))
-        if seed is None and kept_seeds:  # the rest of the class on the same hidden trials as the reports kept
-            seed = kept_seeds.most_common(1)[0][0]
-            again += f"; seed {seed}, as the kept reports"
+        # The rest of the class on the same hidden trials, in the same words, as the reports kept (unless
+        # the command says otherwise): the seed, the random trials' count and the audience they record.
+        kept = {"seed": _most_common(done, lambda r: r.get("seed"), int),
+                "trials": _most_common(done, lambda r: (r.get("trials") or {}).get("random"), int),
+                "audience": _most_common(done, lambda r: r.get("audience"), str)}
+        taken = []
+        for name, value in kept.items():
+            if value is not None and getattr(args, name) is None and (name != "audience" or value in AUDIENCES):
+                setattr(args, name, value)
+                taken.append(f"{name} {value}")
+        if taken:
+            again += f"; {', '.join(taken)}, as the kept reports"
         print(f"--resume: kept {len(done)} finished report(s) in {args.out}; grading {len(paths) - len(done)}{again}",
               file=sys.stderr)
-    options = Options(seed=seed if seed is not None else random.SystemRandom().randrange(2**31),
-                      timeout=args.timeout, trials=args.trials, rubric=rubric,
+    args.audience = args.audience or "hiring"
+    options = Options(seed=args.seed if args.seed is not None else random.SystemRandom().randrange(2**31),
+                      timeout=args.timeout, trials=args.trials or FULL_TRIALS, rubric=rubric,
                       isolation=isolation.choose(args.isolation))
     if options.isolation and options.isolation.warning:
         print(f"warning: {options.isolation.warning}", file=sys.stderr)
@@ -197,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def finished(path, rep):
         reports[path] = rep
+        rep["audience"] = args.audience  # what a --resume of this batch takes up
         if args.out:  # written before anything is printed: a rendering failure loses nothing
             report_mod.write_json_atomic(os.path.join(args.out, report_name(path)), rep)
         if not args.quiet:

@@ -77,7 +77,7 @@ class Rubric:
         """``(tier, reason)`` from criterion statuses and the mistakes named in each section.
 
         ``evidence`` (criterion id -> text) lets the reason say why a check
-        errored rather than calling it "not passed". ``silent``: the criteria
+        was not measured (status "error") rather than calling it "not passed". ``silent``: the criteria
         whose failing steps returned wrong outputs rather than raising; one of
         ``weak_when_wrong`` among them makes the verdict Weak whatever its
         pattern (a clear refusal does not).
@@ -90,12 +90,11 @@ class Rubric:
 
         def title(ids):
             parts = []
-            # Checks that failed first: they are the cause; errored checks say why they errored.
+            # Checks that failed first: they are the cause; the checks that could not be measured say why.
             for c in sorted(ids, key=lambda c: statuses.get(c) == "error"):
                 text = self.title(c)
                 if statuses.get(c) == "error":
-                    why = str(evidence.get(c) or "no evidence")[:160]
-                    text += f" (the check errored: {why})"
+                    text += f" (not measured: {_shortened(str(evidence.get(c) or 'no evidence'), 160)})"
                 elif statuses.get(c) == "not_attempted":
                     text += " (not attempted)"
                 parts.append(text)
@@ -120,6 +119,13 @@ class Rubric:
             else:
                 reason += f"; {cap}"
         return tier, reason
+
+
+def _shortened(text: str, limit: int) -> str:
+    """``text`` cut at a word before ``limit`` characters, with an ellipsis when cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:(") + " ..."
 
 
 def load(path: str | None = None) -> Rubric:

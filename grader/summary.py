@@ -90,12 +90,13 @@ def markdown(reports: list[dict], elapsed_s: float | None = None, rubric=None, a
              f"{statuses.get('grader_error', 0)} grader errors. Tiers and rates count graded submissions only.", ""]
     if elapsed_s:
         lines += [f"Graded in {elapsed_s:.0f} s ({60 * n / elapsed_s:.1f} submissions per minute).", ""]
-    quick = sorted({r["trials"]["random"] for r in graded(reports)
-                    if isinstance(r.get("trials"), dict) and isinstance(r["trials"].get("random"), int)
-                    and r["trials"]["random"] < FULL_TRIALS})
+    counts_of = [r["trials"]["random"] for r in graded(reports)
+                 if isinstance(r.get("trials"), dict) and isinstance(r["trials"].get("random"), int)]
+    quick = [c for c in counts_of if c < FULL_TRIALS]
     if quick:
-        lines += [f"A quick grading: {', '.join(map(str, quick))} random trials per submission, fewer than the "
-                  f"{FULL_TRIALS} of a full one (`--trials`).", ""]
+        every = "every submission" if len(quick) == n_graded else f"{len(quick)} of {n_graded} submissions"
+        lines += [f"A quick grading: {every} graded with {', '.join(map(str, sorted(set(quick))))} random trials, "
+                  f"fewer than the {FULL_TRIALS} of a full one (`--trials`).", ""]
     lines += ["| tier | count | share |", "| --- | --- | --- |"]
     lines += [f"| {md(label(t))} | {counts.get(t, 0)} | {_rate(counts.get(t, 0), n_graded)} |" for t in TIERS]
     lines += ["", "| criterion | passed | rate | failed | not attempted | not measured |", "| --- | --- | --- | --- | --- | --- |"]

@@ -65,9 +65,12 @@ def reports_in(out: str) -> dict:
     return found
 
 
-def command(class_dir: str, out: str, *extra: str, seed: bool = True) -> list[str]:
-    return [sys.executable, "-m", "grader", class_dir, "--jobs", "2", "--out", out, "--quiet",
-            "--trials", "20", "--timeout", "60", *(["--seed", "11"] if seed else []), *extra]
+def command(class_dir: str, out: str, *extra: str, kept: bool = False) -> list[str]:
+    """The batch's command; ``kept``: without --seed, --trials and --audience (a --resume takes the kept
+    reports')."""
+    given = [] if kept else ["--trials", "20", "--seed", "11", "--audience", "class"]
+    return [sys.executable, "-m", "grader", class_dir, "--jobs", "2", "--out", out, "--quiet", "--timeout", "60",
+            *given, *extra]
 
 
 def test_batch_kill_and_resume(tmp_path):
@@ -91,7 +94,7 @@ def test_batch_kill_and_resume(tmp_path):
 
     # Second run: --resume grades only the rest, with the kept reports' seed when none is given.
     started = time.monotonic()
-    second = subprocess.run(command(class_dir, out, "--resume", seed=False), cwd=ROOT, capture_output=True,
+    second = subprocess.run(command(class_dir, out, "--resume", kept=True), cwd=ROOT, capture_output=True,
                             text=True, timeout=600)
     elapsed = time.monotonic() - started
     assert second.returncode == 0, second.stderr[-3000:]
@@ -99,8 +102,10 @@ def test_batch_kill_and_resume(tmp_path):
     assert sorted(after) == sorted(tiers)
     for name, (mtime, data) in before.items():
         assert after[name] == (mtime, data), f"{name} was graded again"
-    assert "seed 11, as the kept reports" in second.stderr, second.stderr
-    assert {json.loads(data)["seed"] for _, data in after.values()} == {11}
+    assert "seed 11, trials 20, audience class, as the kept reports" in second.stderr, second.stderr
+    kept_up = [json.loads(data) for _, data in after.values()]
+    assert {(r["seed"], r["audience"]) for r in kept_up} == {(11, "class")}
+    assert {r["trials"]["random"] for r in kept_up if "trials" in r} == {20}  # (a crashed one records none)
     graded_now = CLASS_SIZE - len(before)
     print(f"\nresumed {graded_now} submissions in {elapsed:.1f} s with --jobs 2: "
           f"{60 * graded_now / elapsed:.1f} submissions per minute")
@@ -122,8 +127,10 @@ def test_batch_kill_and_resume(tmp_path):
     counts = {r["id"]: int(r["count"]) for r in rows if r["section"] == "tier"}
     want = {t: list(tiers.values()).count(t) for t in ("Strong Hire", "Hire", "Weak")}
     assert counts == want
-    for t, n in want.items():
-        assert f"| {t} | {n} |" in summary
+    from grader.rubric import load
+
+    for t, n in want.items():  # in the class's words: the resumed half took up the kept reports' audience
+        assert f"| {load().label(t, 'class')} | {n} |" in summary
     criteria = [r for r in rows if r["section"] == "criterion"]
     assert len(criteria) >= 10 and all(int(r["total"]) <= CLASS_SIZE for r in criteria)
     hire = {"preallocated_in_place", "no_kv_repeat", "head_mapping", "decode", "full_prefill"}

@@ -132,6 +132,8 @@ def test_usage_errors_exit_2(tmp_path):
     assert kvkit("--no-such-flag").returncode == 2
     assert kvkit(str(tmp_path / "missing")).returncode == 2
     assert kvkit("--jobs", "0").returncode == 2
+    negative = kvkit(os.path.join(EXAMPLES, "hire_basic"), "--seed", "-3")  # not a grader error per submission
+    assert negative.returncode == 2 and "--seed must be an integer from 0" in negative.stderr, negative.stderr
 
 
 def write_submission(tmp_path, name, source):

@@ -56,8 +56,9 @@ def test_a_quick_grading_says_so_in_the_summary():
     full, quick = graded("a", "Hire"), graded("b", "Weak")
     full["trials"], quick["trials"] = {"random": FULL_TRIALS}, {"random": 20}
     assert "quick grading" not in summary.markdown([full])
-    assert f"A quick grading: 20 random trials per submission, fewer than the {FULL_TRIALS}" in \
+    assert f"A quick grading: 1 of 2 submissions graded with 20 random trials, fewer than the {FULL_TRIALS}" in \
         summary.markdown([full, quick])
+    assert "A quick grading: every submission graded with 20 random trials" in summary.markdown([quick])
 
 
 def test_an_optional_section_left_out_counts_neither_for_nor_against_a_rate():
@@ -286,13 +287,17 @@ def test_an_optional_section_not_attempted_counts_neither_for_nor_against():
     assert no_tests["score"] < RUBRIC.max_score
 
 
-def test_the_tier_reason_says_a_check_errored_and_why():
+def test_the_tier_reason_says_a_check_was_not_measured_and_why():
     r = built(decided({"no_kv_repeat": ("error", "the memory probe raised IndexError in attention"),
                        "decode": ("fail", "3 of 9 decode steps fail")}))
     assert r["tier"] == "Weak"
     reason = r["tier_reason"]
-    assert "the check errored: the memory probe raised IndexError" in reason
+    assert "not measured: the memory probe raised IndexError" in reason
     assert reason.index("Decode") < reason.index("No materialised")  # the failure, the cause, first
+    long = built(decided({"head_mapping": ("error", "could not be told: one-token rows return no KV head's value "
+                                                     + "(first: a trial of many words) " * 8)}))
+    shown = long["tier_reason"].split("not measured: ", 1)[1]
+    assert shown.endswith(" ...)") and len(shown) < 170, shown  # cut at a word, never mid-word
 
 
 def test_port_mistakes_are_tagged_by_section_and_the_cap_is_spelled_out():
