@@ -120,8 +120,9 @@ def print_report(report: dict, console=None, rubric=None, audience: str = "hirin
                          f"  {report['score']:g}/{report['max_score']:g}" if graded else "")
     console.rule(rule)
     if not graded:  # no verdict: the reason and what to fix, not a table of criteria that were never run
-        console.print(Text(f"{clean(reason(report, rubric, audience))} | isolation: {clean(report['isolation'])}",
-                           style="yellow"))
+        ran = report.get("isolation") not in (None, "none")  # nothing of a hand-back refused before it ran
+        console.print(Text(clean(reason(report, rubric, audience)) + (f" | isolation: {clean(report['isolation'])}"
+                                                                      if ran else ""), style="yellow"))
         for note in report.get("notes", []):
             console.print(Text.assemble(("note: ", "yellow"), clean(note)))
         return
