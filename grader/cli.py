@@ -144,9 +144,13 @@ def finished_reports(paths: list[str], out_dir: str, changed: list | None = None
     return done
 
 
-def _most_common(reports: dict, read, kind):
-    """The value ``read`` takes most often over ``reports`` (of type ``kind``), or None."""
-    values = Counter(v for v in map(read, reports.values()) if isinstance(v, kind) and not isinstance(v, bool))
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _most_common(reports: dict, read, valid):
+    """The value ``read`` takes most often over ``reports`` among those ``valid`` accepts, or None."""
+    values = Counter(v for v in map(read, reports.values()) if isinstance(v, (int, str)) and valid(v))
     return values.most_common(1)[0][0] if values else None
 
 
@@ -190,12 +194,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{', ...' if len(changed) > 5 else ''})" if changed else ""
         # The rest of the class on the same hidden trials, in the same words, as the reports kept (unless
         # the command says otherwise): the seed, the random trials' count and the audience they record.
-        kept = {"seed": _most_common(done, lambda r: r.get("seed"), int),
-                "trials": _most_common(done, lambda r: (r.get("trials") or {}).get("random"), int),
-                "audience": _most_common(done, lambda r: r.get("audience"), str)}
+        # A report in --out is a file like any other: only values the command line would accept are taken.
+        kept = {"seed": _most_common(done, lambda r: r.get("seed"), lambda v: _is_int(v) and 0 <= v < 2**63),
+                "trials": _most_common(done, lambda r: (r.get("trials") if isinstance(r.get("trials"), dict)
+                                                        else {}).get("random"), lambda v: _is_int(v) and v >= 1),
+                "audience": _most_common(done, lambda r: r.get("audience"), lambda v: v in AUDIENCES)}
         taken = []
         for name, value in kept.items():
-            if value is not None and getattr(args, name) is None and (name != "audience" or value in AUDIENCES):
+            if value is not None and getattr(args, name) is None:
                 setattr(args, name, value)
                 taken.append(f"{name} {value}")
         if taken:

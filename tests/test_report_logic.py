@@ -143,6 +143,27 @@ def test_resume_keeps_only_finished_graded_reports_of_the_hand_back_as_it_is(tmp
     assert hand_back_sha256(str(tmp_path / "missing")) is None
 
 
+@pytest.mark.parametrize("odd", [{"trials": 5}, {"seed": -1}, {"seed": 2**80}, {"trials": {"random": -3}},
+                                 {"audience": "martians"}, {"seed": True}])
+def test_resume_takes_up_only_values_the_command_line_would_accept(tmp_path, capsys, odd):
+    """A report in --out is a file like any other (edited by hand, or from another version of the kit): a
+    seed, trial count or audience the command line would refuse is not taken up, and nothing crashes."""
+    from grader import cli
+    from grader.submission import hand_back_sha256
+
+    cls, out = tmp_path / "class", tmp_path / "out"
+    (cls / "a").mkdir(parents=True)
+    out.mkdir()
+    (cls / "a" / "kv_cache.py").write_text("x = 1\n")
+    kept = {**graded("a", "Hire"), "hand_back_sha256": hand_back_sha256(str(cls / "a")), **odd}
+    (out / report_name(str(cls / "a"))).write_text(json.dumps(kept))
+    assert cli.main([str(cls), "--out", str(out), "--resume", "--quiet"]) == 0
+    said = capsys.readouterr().err
+    (name, value), = odd.items()
+    value = value.get("random") if isinstance(value, dict) else value
+    assert "kept 1 finished report(s)" in said and f"{name} {value}," not in said and f"{name} {value} " not in said, said
+
+
 def test_resume_grades_again_a_hand_back_that_cannot_be_laid_out_now(tmp_path, monkeypatch):
     """Whatever laying a hand-back out raises while --resume compares it, that one is graded again (its
     report says why); the batch goes on."""
