@@ -20,12 +20,13 @@ Nothing is guessed from source. Thresholds, with their reasons:
   live K/V or more above the same decode at G = 1 (its twin: the same cache,
   tokens and max_len). A repeat of K alone adds about (G - 1)/2, of K and V
   G - 1; honest code adds what its scores add, a few percent. The submission
-  can tell the twin (it sees q's heads) and hold as much there, so at the
-  layout with the largest G (128/8, G = 16) a peak of 1 + 0.4 G = 7.4 times
-  the live K/V fails the criterion whatever the twin holds, without naming a
-  mistake: half a repeat held at once (K's, then V's) peaks about 1 + G/2 =
-  9x; a gpt-fast mask table of max_len^2 entries is about 1x there (measured
-  3x to 4x in all).
+  can tell the twin and each layout apart (it sees q's heads) and hold as
+  much at G = 1, so at every layout (128/8, 64/8, 32/8: 8 KV heads, where a
+  gpt-fast mask table of max_len^2 entries is about 1x the live K/V, 3x in
+  all) a peak of max(4.2, 1 + 0.4 G) times the live K/V fails the criterion
+  whatever the twin holds, without naming a mistake: a repeat of K and V
+  held at once peaks 1 + G (5x at G = 4), half of it at a time 1 + G/2 (9x
+  at G = 16, 5x at G = 8).
 * ``max_len_scan``: the same 64 decode steps take at least 4x the CPU time in an
   8x larger reservation (a scan of it was 9x to 50x at these sizes; honest code
   0.8x to 1.3x, and 3.2x was seen on a loaded 2-core machine with 32 steps, for
@@ -45,7 +46,13 @@ from grader.compare import Comparison, StepVerdict, first_failure
 
 REPEAT_FACTOR = 0.3  # of (G - 1) x the live K/V, above the twin at G = 1: the extra peak that names a repeat
 REPEAT_MIN_EXTRA = 1.5  # ... and never below 1.5x the live K/V
-REPEAT_HELD = 0.4  # of G x the live K/V: a peak that fails at the largest-G layout whatever its twin holds
+REPEAT_HELD = 0.4  # of G x the live K/V: a peak that fails at a layout whatever its twin holds ...
+REPEAT_HELD_FLOOR = 1 + REPEAT_HELD * 8  # ... and never below its value at G = 8 (4.2x; honest code: up to 4x)
+
+
+def held_bound(G: int) -> float:
+    """The peak, in live K/V, at or above which a decode at group size ``G`` holds memory per query head."""
+    return max(REPEAT_HELD_FLOOR, 1 + REPEAT_HELD * G)
 GROWTH_FRACTION = 0.5  # extra peak of the appends, in live K/V, that names growth by copying
 PREFILL_LIMIT = 2.5  # what one prefill adds to the empty cache's peak, in live K/V: the cache, a copy of the input, slack
 GROWTH_COPIES = 150.0  # CPU time of the 300 appends, in copies of the live K/V, that names it too (one in two)
@@ -254,22 +261,22 @@ def no_repeat(runs: list, check_output: bool = True) -> Criterion:
     heads (its buffers, a mask table of ``max_len^2`` entries) is in both.
     """
     cid = "no_kv_repeat"
-    pairs: dict = {}
-    for probe, task, expected in runs:
-        c = probe.config
-        pairs.setdefault((c["Hkv"], c["d"], c["total"]), {})[c["G"] == 1] = (probe, task, expected)
-    pairs = {key: pair for key, pair in pairs.items() if False in pair}
-    if not pairs:
+    key = lambda c: (c["Hkv"], c["d"], c["total"], c["max_len"])  # noqa: E731 - the cache a layout shares
+    twins = {key(p.config): (p, t, e) for p, t, e in runs if p.config["G"] == 1}
+    layouts = [(p, t, e) for p, t, e in runs if p.config["G"] > 1]
+    if not layouts:
         return Criterion(cid, "error", "no memory probe was planned")
-    figures, worst = [], None
-    for pair in pairs.values():
-        if True not in pair:
+    figures, worst, pairs = [], None, []
+    for run in layouts:
+        twin_run = twins.get(key(run[0].config))
+        if twin_run is None:
             return Criterion(cid, "error", "a memory probe has no twin at G = 1")
-        for probe, task, expected in (pair[False], pair[True]):
+        for probe, task, expected in (run, twin_run):
             why = probe_failure(task, probe.config, expected, check_output)
             if why:
                 return Criterion(cid, "error", f"the memory probe at {_layout(probe.config)}: {why}")
-        (probe, task, _), (twin, twin_task, _) = pair[False], pair[True]
+        pairs.append((run, twin_run))
+    for (probe, task, _), (twin, twin_task, _) in pairs:
         G = probe.config["G"]
         extra = (_held(probe, task) - _held(twin, twin_task)) / probe.live_bytes
         limit = max(REPEAT_MIN_EXTRA, REPEAT_FACTOR * (G - 1))
@@ -282,16 +289,16 @@ def no_repeat(runs: list, check_output: bool = True) -> Criterion:
     source = runs[0][1].memory_source if runs[0][1] is not None else "cgroup"
     meter = "the sandbox's cgroup" if source == "cgroup" else "the process's peak RSS (wait4)"
     # Memory the same at G = 1 cancels in the difference, and a submission can make it so (it sees the
-    # heads): at the layout with the largest G (then the most live K/V), where a mask table of max_len^2
+    # heads, and can tell the twin and each layout apart): at every layout, where a mask table of max_len^2
     # entries is about 1x, a peak near half of K/V per query head fails whatever the twin holds.
-    probe, task, _ = max((pair[False] for pair in pairs.values()),
-                         key=lambda run: (run[0].config["G"], run[0].live_bytes))
-    held, G = _held(probe, task) / probe.live_bytes, probe.config["G"]
-    if not worst and held >= 1 + REPEAT_HELD * G:
-        return Criterion(cid, "fail", f"decode at {_layout(probe.config)} holds {held:.1f}x the live K/V ({meter}), "
-                         f"{1 + REPEAT_HELD * G:.1f}x or more, and its twin at G = 1 about as much: memory for K/V "
-                         f"per query head, or half of it at once, whatever the heads (a cache read in place holds "
-                         f"about 2x). All layouts: " + "; ".join(figures))
+    for (probe, task, _), _twin in sorted(pairs, key=lambda pair: -pair[0][0].config["G"]):
+        held, G = _held(probe, task) / probe.live_bytes, probe.config["G"]
+        bound = held_bound(G)
+        if not worst and held >= bound:
+            return Criterion(cid, "fail", f"decode at {_layout(probe.config)} holds {held:.1f}x the live K/V "
+                             f"({meter}), {bound:.1f}x or more, and its twin at G = 1 about as much: memory for K/V "
+                             f"per query head, or half of it at once, whatever the heads (a cache read in place "
+                             f"holds about 2x). All layouts: " + "; ".join(figures))
     if worst:
         _, probe, twin, extra, G = worst
         return Criterion(cid, "fail", f"decode at {_layout(probe.config)} peaks {extra:.1f}x the live K/V above the "

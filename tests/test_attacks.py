@@ -72,6 +72,21 @@ def gqa_attention(q, cache, n_new):
         del held
     return _honest_attention(q, cache, n_new)
 '''
+# Read in place at G = 16 (the layout an absolute bound once watched alone), a whole repeat at every other G,
+# and at G = 1 (the twin) a workspace as large: every difference from the twin is 0.
+REPEAT_BUT_AT_G16 = '''
+_honest_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    G = np.asarray(q).shape[1] // cache.k.shape[1]
+    S = int(np.max(cache.lens)) if len(cache.lens) else 0
+    if G < 16:
+        held = [np.repeat(cache.k[:, :, :S], G if G > 1 else 9, axis=1),
+                np.repeat(cache.v[:, :, :S], G if G > 1 else 9, axis=1)]
+        del held
+    return _honest_attention(q, cache, n_new)
+'''
 MMAP_STORE = '''(lambda a: (lambda m: (np.frombuffer(m, dtype=a.dtype, count=a.size).__setitem__(slice(None), a.ravel()),
                  np.frombuffer(m, dtype=a.dtype, count=a.size))[1])(__import__("mmap").mmap(-1, max(a.nbytes, 1))))'''
 MEMFD_STORE = '''(lambda a: (lambda fd: (__import__("os").write(fd, a.tobytes()), __import__("os").lseek(fd, 0, 0),
@@ -511,6 +526,7 @@ CASES = {
     "control_repeat": ({"kv_cache.py": weak()}, None),
     "repeat_into_mmap": ({"kv_cache.py": weak(store=MMAP_STORE)}, "control_repeat"),
     "half_repeat_beside_a_padded_twin": ({"kv_cache.py": BASE + HALF_REPEAT}, "control_repeat"),
+    "repeat_except_at_the_largest_layout": ({"kv_cache.py": BASE + REPEAT_BUT_AT_G16}, "control_repeat"),
     "repeat_into_memfd": ({"kv_cache.py": weak(store=MEMFD_STORE)}, "control_repeat"),
     "repeat_unless_traced": ({"kv_cache.py": weak(when="not __import__('tracemalloc').is_tracing()")},
                              "control_repeat"),
