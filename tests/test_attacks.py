@@ -895,12 +895,13 @@ def _zip_of_empty_files(count: int, pad: int = 0) -> bytes:
 def test_a_fifo_handed_back_as_a_notebook_or_a_file_blocks_nothing(tmp_path):
     """A FIFO named work.ipynb in a hand-back without kv_cache.py, or named bob.py in a class, would block
     the grader's own process on its first read (and a batch, --resume included, with it). Beside a real
-    notebook of the same code (graded), each is read as no file: not graded, with the reason, at once."""
+    notebook of the same code (laid out as its kv_cache.py), each is read as no file: not graded, with the
+    reason, at once."""
     import json
     import signal
 
     from grader.grade import Options, grade
-    from grader.submission import hand_back_sha256
+    from grader.submission import hand_back_sha256, materialize
 
     code = open(os.path.join(ROOT, "catalogue", "examples", "hire_basic", "kv_cache.py")).read()
     cell = {"cell_type": "code", "metadata": {}, "source": code, "outputs": [], "execution_count": None, "id": "a"}
@@ -914,7 +915,7 @@ def test_a_fifo_handed_back_as_a_notebook_or_a_file_blocks_nothing(tmp_path):
     previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("a read of the FIFO blocked"))
     signal.alarm(60)
     try:
-        assert grade(str(control), Options(seed=1, trials=5))["status"] == "graded"
+        assert materialize(str(control), str(tmp_path / "work")) == ["kv_cache.py"]  # graded as the notebook is
         for path, why in ((mallory, "no kv_cache.py"), (tmp_path / "bob.py", "not a regular file or folder")):
             report = grade(str(path), Options(seed=1, trials=5))
             assert report["status"] == "not_graded" and why in report["tier_reason"], report["tier_reason"]

@@ -134,6 +134,7 @@ def test_gpu_script_without_cuda_says_so_and_exits_0(tmp_path, capsys):
     assert json.loads(out.read_text()) == {"cuda": False, "reason": "no CUDA device"}
 
 
+@pytest.mark.slow  # the whole GPU script on the CPU (make test-slow); its no-CUDA path runs in make test
 def test_gpu_script_dry_run_on_cpu(tmp_path):
     out = tmp_path / "gpu.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_decode.py"), "--dry-run",

@@ -81,6 +81,7 @@ def test_the_solved_notebook_earns_the_tier_of_its_sections(solved_report):
     assert report["mistakes"] == [] and report["score"] == report["max_score"]
 
 
+@pytest.mark.slow  # a second notebook grading with a port (make test-slow); the examples name the mask every run
 def test_a_chunk_local_mask_is_weak_and_named(chunk_local_report):
     report = chunk_local_report
     assert report["tier"] == "Weak", report["tier_reason"]

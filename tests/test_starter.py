@@ -114,6 +114,7 @@ def test_the_zip_holds_the_same_files(bundle):
     assert names == EXPECTED
 
 
+@pytest.mark.slow  # every step in the bundle (make test-slow); make test runs steps 1 and 7 there, and all 7 in the kit
 def test_the_bundle_tests_fail_on_the_stubs_naming_each_step(bundle, bare_python):
     code = ("import json, sys; from pathlib import Path; import progress as p\n"
             "folder = Path('.').resolve()\n"
