@@ -915,6 +915,7 @@ def test_a_fifo_handed_back_as_a_notebook_or_a_file_blocks_nothing(tmp_path):
     previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("a read of the FIFO blocked"))
     signal.alarm(60)
     try:
+        (tmp_path / "work").mkdir()
         assert materialize(str(control), str(tmp_path / "work")) == ["kv_cache.py"]  # graded as the notebook is
         for path, why in ((mallory, "no kv_cache.py"), (tmp_path / "bob.py", "not a regular file or folder")):
             report = grade(str(path), Options(seed=1, trials=5))
