@@ -22,11 +22,13 @@ Nothing is guessed from source. Thresholds, with their reasons:
   G - 1; honest code adds what its scores add, a few percent. The submission
   can tell the twin and each layout apart (it sees q's heads) and hold as
   much at G = 1, so at every layout (128/8, 64/8, 32/8: 8 KV heads, where a
-  gpt-fast mask table of max_len^2 entries is about 1x the live K/V, 3x in
-  all) a peak of max(4.2, 1 + 0.4 G) times the live K/V fails the criterion
-  whatever the twin holds, without naming a mistake: a repeat of K and V
-  held at once peaks 1 + G (5x at G = 4), half of it at a time 1 + G/2 (9x
-  at G = 16, 5x at G = 8).
+  gpt-fast mask table of max_len^2 entries is small beside the live K/V) a
+  peak of max(6, 1 + 0.4 G) times the live K/V fails the criterion whatever
+  the twin holds, without naming a mistake: a repeat of K and V held at once
+  peaks 1 + G (9x at G = 8), half of it at a time 1 + G/2 (9x at G = 16).
+  Honest code holds about 2x, and up to about 5x with float64 working copies
+  of K and V (measured 4.7x), so a repeat at G = 4 alone (5x) cannot be told
+  from it by memory.
 * ``max_len_scan``: the same 64 decode steps take at least 4x the CPU time in an
   8x larger reservation (a scan of it was 9x to 50x at these sizes; honest code
   0.8x to 1.3x, and 3.2x was seen on a loaded 2-core machine with 32 steps, for
@@ -47,7 +49,9 @@ from grader.compare import Comparison, StepVerdict, first_failure
 REPEAT_FACTOR = 0.3  # of (G - 1) x the live K/V, above the twin at G = 1: the extra peak that names a repeat
 REPEAT_MIN_EXTRA = 1.5  # ... and never below 1.5x the live K/V
 REPEAT_HELD = 0.4  # of G x the live K/V: a peak that fails at a layout whatever its twin holds ...
-REPEAT_HELD_FLOOR = 1 + REPEAT_HELD * 8  # ... and never below its value at G = 8 (4.2x; honest code: up to 4x)
+# ... and never below 6x: honest code can hold about 5x (K and V upcast to float64, a contiguous K^T; a mask
+# table), so at G = 4 and 8 only a whole repeat held at once (5x and 9x) stands clear, at G = 8 alone.
+REPEAT_HELD_FLOOR = 6.0
 
 
 def held_bound(G: int) -> float:

@@ -304,14 +304,14 @@ def test_appends_stopped_for_their_time_are_named_by_what_they_cost(cpu_s, statu
         assert not crit.mistakes and "did not finish in time" in crit.evidence, crit.evidence
 
 
-@pytest.mark.parametrize("layout,held", [("memory-128-8", 17.5), ("memory-128-8", 9.0), ("memory-64-8", 5.0),
-                                         ("memory-32-8", 5.0)])
+@pytest.mark.parametrize("layout,held", [("memory-128-8", 17.5), ("memory-128-8", 9.0), ("memory-64-8", 9.0),
+                                         ("memory-32-8", 17.5)])
 def test_memory_for_every_query_head_whatever_the_heads_fails_unnamed(layout, held):
     """A workspace sized for many query heads whatever G is (so the twin holds as much) cancels in the
     difference: at the layout with the largest G its absolute peak still fails the criterion, without naming
     kv_repeat (no pattern). So does half a repeat held at once, K's and then V's, beside a twin padded to
-    match (1 + G/2 = 9x at G = 16, 5x at G = 8), and a whole repeat at G = 4 (5x), at any one layout: code
-    that tells the layouts apart (it reads in place at the others) has no layout left to repeat at."""
+    match (1 + G/2 = 9x at G = 16), and a whole repeat at G = 8 (9x), at any one layout: code that tells the
+    layouts apart (it reads in place at the others) has no layout left to repeat K and V at whole."""
     live = _memory_live_mib()
     runs = _memory_runs({layout: held * live, "memory-8-8": held * live})
     crit = criteria.no_repeat(runs)
@@ -319,9 +319,11 @@ def test_memory_for_every_query_head_whatever_the_heads_fails_unnamed(layout, he
     assert "whatever the heads" in crit.evidence and layout.split("-")[1] + "/8 holds" in crit.evidence
 
 
-def test_a_mask_table_at_the_largest_layout_is_not_memory_per_head():
-    """gpt-fast's mask table holds about 3x the live K/V in all at every layout, and in their twin alike."""
+@pytest.mark.parametrize("held", [3.6, 5.2])
+def test_honest_working_memory_at_every_layout_is_not_memory_per_head(held):
+    """gpt-fast's mask table (about 2x the live K/V in all), or K and V upcast to float64 with a contiguous
+    K^T (measured 4.7x), at every layout and in their twin alike: no repeat, so the criterion passes."""
     live = _memory_live_mib()
-    runs = _memory_runs({name: 3.6 * live for name in ("memory-128-8", "memory-64-8", "memory-32-8", "memory-8-8")})
+    runs = _memory_runs({name: held * live for name in ("memory-128-8", "memory-64-8", "memory-32-8", "memory-8-8")})
     crit = criteria.no_repeat(runs)
     assert crit.status == "pass", crit.evidence
