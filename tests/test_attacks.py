@@ -43,50 +43,32 @@ TORCH_REPEAT = "buf[:, :, :S].repeat_interleave(G, dim=1)"
 NUMPY_REPEAT = "torch.from_numpy(__import__('numpy').repeat(buf[:, :, :S].numpy(), G, axis=1))"
 TIERS = {None: -1, "Weak": 0, "Hire": 1, "Strong Hire": 2}
 
-REPEAT = '''
-_honest_attention = gqa_attention
+def _before_attention(body: str, helpers: str = "") -> str:
+    """Submission text appended to an honest base: ``gqa_attention`` runs ``body`` (lines indented 4, with
+    ``G`` and ``S`` at hand), then the honest attention."""
+    return ("\n_honest_attention = gqa_attention\n" + helpers + "\n\ndef gqa_attention(q, cache, n_new):\n"
+            "    G = np.asarray(q).shape[1] // cache.k.shape[1]\n"
+            "    S = int(np.max(cache.lens)) if len(cache.lens) else 0\n" + body
+            + "    return _honest_attention(q, cache, n_new)\n")
 
 
-def _repeat_into(array, G, store):
-    return store(np.repeat(np.asarray(array), G, axis=1))
-
-
-def gqa_attention(q, cache, n_new):
-    G = np.asarray(q).shape[1] // cache.k.shape[1]
-    S = int(np.max(cache.lens)) if len(cache.lens) else 0
-    if {when}:  # each copy is written whole, so all its pages are resident while it is held
-        held = [_repeat_into(cache.k[:, :, :S], G, {store}), _repeat_into(cache.v[:, :, :S], G, {store})]
-    return _honest_attention(q, cache, n_new)
-'''
+REPEAT = _before_attention(
+    "    if {when}:  # each copy is written whole, so all its pages are resident while it is held\n"
+    "        held = [_repeat_into(cache.k[:, :, :S], G, {store}), _repeat_into(cache.v[:, :, :S], G, {store})]\n",
+    helpers="\n\ndef _repeat_into(array, G, store):\n    return store(np.repeat(np.asarray(array), G, axis=1))\n")
 # K repeated per query head and dropped, then V's: half a repeat held at once. At G = 1 (the twin at each
 # layout, which a submission can tell by q's heads) it holds as large a workspace, so the two peaks match.
-HALF_REPEAT = '''
-_honest_attention = gqa_attention
-
-
-def gqa_attention(q, cache, n_new):
-    G = np.asarray(q).shape[1] // cache.k.shape[1]
-    S = int(np.max(cache.lens)) if len(cache.lens) else 0
-    for buffer in (cache.k, cache.v):
-        held = np.repeat(buffer[:, :, :S], G if G > 1 else 16, axis=1)
-        del held
-    return _honest_attention(q, cache, n_new)
-'''
+HALF_REPEAT = _before_attention(
+    "    for buffer in (cache.k, cache.v):\n"
+    "        held = np.repeat(buffer[:, :, :S], G if G > 1 else 16, axis=1)\n"
+    "        del held\n")
 # Read in place at G = 16 (the layout an absolute bound once watched alone), a whole repeat at every other G,
 # and at G = 1 (the twin) a workspace as large: every difference from the twin is 0.
-REPEAT_BUT_AT_G16 = '''
-_honest_attention = gqa_attention
-
-
-def gqa_attention(q, cache, n_new):
-    G = np.asarray(q).shape[1] // cache.k.shape[1]
-    S = int(np.max(cache.lens)) if len(cache.lens) else 0
-    if G < 16:
-        held = [np.repeat(cache.k[:, :, :S], G if G > 1 else 9, axis=1),
-                np.repeat(cache.v[:, :, :S], G if G > 1 else 9, axis=1)]
-        del held
-    return _honest_attention(q, cache, n_new)
-'''
+REPEAT_BUT_AT_G16 = _before_attention(
+    "    if G < 16:\n"
+    "        held = [np.repeat(cache.k[:, :, :S], G if G > 1 else 9, axis=1),\n"
+    "                np.repeat(cache.v[:, :, :S], G if G > 1 else 9, axis=1)]\n"
+    "        del held\n")
 MMAP_STORE = '''(lambda a: (lambda m: (np.frombuffer(m, dtype=a.dtype, count=a.size).__setitem__(slice(None), a.ravel()),
                  np.frombuffer(m, dtype=a.dtype, count=a.size))[1])(__import__("mmap").mmap(-1, max(a.nbytes, 1))))'''
 MEMFD_STORE = '''(lambda a: (lambda fd: (__import__("os").write(fd, a.tobytes()), __import__("os").lseek(fd, 0, 0),
