@@ -144,6 +144,31 @@ def finished_reports(paths: list[str], out_dir: str, changed: list | None = None
     return done
 
 
+def _resume(args, paths: list[str]) -> dict:
+    """``--resume``: the finished reports kept (``finished_reports``), said on stderr. The rest of the class
+    is graded on the same hidden trials and in the same words as them unless the command says otherwise:
+    their seed, random trials' count and audience fill in what ``args`` leaves unset. A report in --out is a
+    file like any other: only values the command line would accept are taken."""
+    changed: list = []
+    done = finished_reports(paths, args.out, changed)
+    said = f" ({len(changed)} handed in again since: {report_mod.clean(', '.join(map(name_of, changed[:5])), 300)}" \
+        f"{', ...' if len(changed) > 5 else ''})" if changed else ""
+    kept = {"seed": _most_common(done, lambda r: r.get("seed"), lambda v: _is_int(v) and 0 <= v < 2**63),
+            "trials": _most_common(done, lambda r: (r.get("trials") if isinstance(r.get("trials"), dict)
+                                                    else {}).get("random"), lambda v: _is_int(v) and v >= 1),
+            "audience": _most_common(done, lambda r: r.get("audience"), lambda v: v in AUDIENCES)}
+    taken = []
+    for name, value in kept.items():
+        if value is not None and getattr(args, name) is None:
+            setattr(args, name, value)
+            taken.append(f"{name} {value}")
+    if taken:
+        said += f"; {', '.join(taken)}, as the kept reports"
+    print(f"--resume: kept {len(done)} finished report(s) in {args.out}; grading {len(paths) - len(done)}{said}",
+          file=sys.stderr)
+    return done
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -186,28 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from grader.sandbox import isolation
 
-    done = {}
-    if args.resume:
-        changed: list = []
-        done = finished_reports(paths, args.out, changed)
-        again = f" ({len(changed)} handed in again since: {report_mod.clean(', '.join(map(name_of, changed[:5])), 300)}" \
-            f"{', ...' if len(changed) > 5 else ''})" if changed else ""
-        # The rest of the class on the same hidden trials, in the same words, as the reports kept (unless
-        # the command says otherwise): the seed, the random trials' count and the audience they record.
-        # A report in --out is a file like any other: only values the command line would accept are taken.
-        kept = {"seed": _most_common(done, lambda r: r.get("seed"), lambda v: _is_int(v) and 0 <= v < 2**63),
-                "trials": _most_common(done, lambda r: (r.get("trials") if isinstance(r.get("trials"), dict)
-                                                        else {}).get("random"), lambda v: _is_int(v) and v >= 1),
-                "audience": _most_common(done, lambda r: r.get("audience"), lambda v: v in AUDIENCES)}
-        taken = []
-        for name, value in kept.items():
-            if value is not None and getattr(args, name) is None:
-                setattr(args, name, value)
-                taken.append(f"{name} {value}")
-        if taken:
-            again += f"; {', '.join(taken)}, as the kept reports"
-        print(f"--resume: kept {len(done)} finished report(s) in {args.out}; grading {len(paths) - len(done)}{again}",
-              file=sys.stderr)
+    done = _resume(args, paths) if args.resume else {}
     args.audience = args.audience or "hiring"
     options = Options(seed=args.seed if args.seed is not None else random.SystemRandom().randrange(2**31),
                       timeout=args.timeout, trials=args.trials or FULL_TRIALS, rubric=rubric,

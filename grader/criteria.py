@@ -50,7 +50,7 @@ REPEAT_FACTOR = 0.3  # of (G - 1) x the live K/V, above the twin at G = 1: the e
 REPEAT_MIN_EXTRA = 1.5  # ... and never below 1.5x the live K/V
 REPEAT_HELD = 0.4  # of G x the live K/V: a peak that fails at a layout whatever its twin holds ...
 # ... and never below 6x: honest code can hold about 5x (K and V upcast to float64, a contiguous K^T; a mask
-# table), so at G = 4 and 8 only a whole repeat held at once (5x and 9x) stands clear, at G = 8 alone.
+# table). A whole repeat held at once clears it at G = 8 (9x), not at G = 4 (5x).
 REPEAT_HELD_FLOOR = 6.0
 
 
