@@ -23,10 +23,11 @@ NOCACHE_OFF := PYTHONDONTWRITEBYTECODE=
 test: $(STAMP)
 	$(NOCACHE_OFF) $(PY) -m pytest -n 2 --dist loadgroup -q
 
-# The runs that `make test` leaves out (marked slow): most of the attack and hostile corpora, the verdicts
-# under four more seeds, nbgrader's own grading, the bench smoke run, the learner's backstop for a loop that
-# swallows its interruption, and second ways to a check (the bundle's every step, a second notebook grading,
-# the GPU script's dry run). CI runs them after `make test`.
+# The runs that `make test` leaves out (marked slow): most of the attack and hostile corpora, the examples
+# whose verdict another example earns too, the verdicts under four more seeds, nbgrader's own grading, the
+# bench smoke run, the learner's backstop for a loop that swallows its interruption, and second ways to a
+# check (the bundle's every step, a second notebook grading, the GPU script's dry run). CI runs them after
+# `make test`.
 test-slow: $(STAMP)
 	$(NOCACHE_OFF) $(PY) -m pytest -n 2 --dist loadgroup -q -m slow
 

@@ -16,11 +16,10 @@ from grader.grade import Options, grade
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "catalogue", "examples")
-with open(os.path.join(EXAMPLES, "expected.toml"), "rb") as f:
-    EXPECTED = tomllib.load(f)
 with open(os.path.join(ROOT, "docs", "report.schema.json")) as f:
     REPORT_SCHEMA = json.load(f)
-from conftest import EXAMPLES_SEED as SEED, EXAMPLES_TRIALS  # noqa: E402 - how tests/conftest.py grades the examples
+from conftest import (EXAMPLE_CORE, EXAMPLE_VARIANTS, EXAMPLES_SEED as SEED, EXAMPLES_TRIALS,  # noqa: E402
+                      EXPECTED, example_split)  # how tests/conftest.py grades the examples
 
 
 def kvkit(*args, timeout=600):
@@ -28,16 +27,31 @@ def kvkit(*args, timeout=600):
                           timeout=timeout)
 
 
-def test_no_argument_grades_every_bundled_example(example_reports):
+def test_the_core_examples_hold_one_of_each_verdict_and_every_mistake():
+    """`make test` grades one example of each verdict: every mistake an example shows is among them."""
+    core, variants = example_split(EXPECTED)
+    assert sorted(core + variants) == sorted(EXPECTED) and not set(core) & set(variants)
+    verdict = lambda name: (EXPECTED[name]["tier"], sorted(EXPECTED[name]["mistakes"]),  # noqa: E731
+                            sorted(EXPECTED[name].get("port_mistakes", [])), sorted(EXPECTED[name].get("refuses", [])))
+    assert len({str(verdict(name)) for name in core}) == len(core)
+    assert {str(verdict(name)) for name in variants} <= {str(verdict(name)) for name in core}
+    shown = lambda names: {m for n in names for key in ("mistakes", "port_mistakes")  # noqa: E731
+                           for m in EXPECTED[n].get(key, [])}
+    assert shown(core) == shown(EXPECTED)
+    # a made-up class: a second Weak kv_repeat is a variant, a Weak kv_repeat with a port mistake is not
+    made_up = {"a": {"tier": "Weak", "mistakes": ["kv_repeat"]}, "b": {"tier": "Weak", "mistakes": ["kv_repeat"]},
+               "c": {"tier": "Weak", "mistakes": ["kv_repeat"], "port_mistakes": ["kv_repeat"]}}
+    assert example_split(made_up) == (["a", "c"], ["b"])
+
+
+def test_the_examples_run_grades_its_examples_and_leaves_nothing_behind(example_reports):
     reports, _, tmp = example_reports
-    assert sorted(reports) == sorted(EXPECTED)
+    assert sorted(reports) == sorted(EXAMPLE_CORE)
     # Nothing of the grading is left in the temp folder: no job, submission or probe-data folder.
     assert not [name for name in os.listdir(tmp) if name.startswith("kvkit-")], os.listdir(tmp)
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_example_gets_its_tier_and_exactly_its_mistakes(example_reports, name):
-    reports, _, _ = example_reports
+def _has_its_verdict(reports, name):
     report = reports[name]
     expected = EXPECTED[name]
     unpassed = {c["id"]: f'{c["status"]}: {c["evidence"]}' for c in report["criteria"]
@@ -45,6 +59,21 @@ def test_example_gets_its_tier_and_exactly_its_mistakes(example_reports, name):
     assert report["tier"] == expected["tier"], (report["tier_reason"], report["mistakes"], unpassed, report["notes"])
     assert sorted(report["mistakes"]) == sorted(expected["mistakes"]), report["mistake_evidence"]
     assert sorted(report["port_mistakes"]) == sorted(expected.get("port_mistakes", []))
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLE_CORE))
+def test_example_gets_its_tier_and_exactly_its_mistakes(example_reports, name):
+    _has_its_verdict(example_reports[0], name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EXAMPLE_VARIANTS))
+def test_variant_example_gets_its_tier_and_exactly_its_mistakes(variant_reports, name):
+    """The examples whose verdict a core example earns too, under the examples' seed (`make test-slow`)."""
+    reports, _, tmp = variant_reports
+    assert sorted(reports) == sorted(EXAMPLE_VARIANTS)
+    assert not [entry for entry in os.listdir(tmp) if entry.startswith("kvkit-")], os.listdir(tmp)
+    _has_its_verdict(reports, name)
 
 
 def test_reports_follow_the_stable_schema(example_reports):
@@ -201,12 +230,15 @@ def test_unreadable_submission_is_reported_not_graded(tmp_path):
 @pytest.mark.parametrize("seed", [101, 202, 303, 404])
 def test_verdicts_do_not_change_with_the_seed(seed, tmp_path):
     """Every example under other seeds (with the examples run's, five): the same tier and mistakes.
-    Slow (the whole set graded with 200 trials per seed): `make test-slow`, which CI runs."""
+    Slow (the whole set graded with 200 trials per seed): `make test-slow`, which CI runs. The command
+    names no SUBMISSION, as `make demo`'s: it grades every bundled example."""
     out = tmp_path / "reports.json"
     done = kvkit("--seed", str(seed), "--jobs", "2", "--quiet", "--json", str(out), timeout=1800)
     assert done.returncode == 0, done.stderr[-2000:]
+    reports = json.loads(out.read_text())
+    assert sorted(r["submission"] for r in reports) == sorted(EXPECTED)
     changed = {}
-    for report in json.loads(out.read_text()):
+    for report in reports:
         want = EXPECTED[report["submission"]]
         got = (report["tier"], sorted(report["mistakes"]), sorted(report["port_mistakes"]))
         if got != (want["tier"], sorted(want["mistakes"]), sorted(want.get("port_mistakes", []))):

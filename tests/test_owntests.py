@@ -296,7 +296,7 @@ def test_tests_that_cannot_be_collected_are_not_judged_and_say_why():
 def test_hypothesis_plugin_only_for_a_submission_that_imports_hypothesis(preimport, loaded):
     """The sandbox's pytest loads Hypothesis's plugin where a submission file imports Hypothesis (the
     job's preimport list, made by the parent from the files' syntax); the online_softmax_kernel example's
-    property test runs under it in every examples grading."""
+    property test runs under it in each grading of that example (`make test-slow`)."""
     from grader.child import owntests as child_owntests
 
     args = child_owntests.plugin_args({"preimport": preimport})
