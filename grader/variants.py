@@ -39,12 +39,15 @@ APPEND = ["length_before_write", "concat_growth"]
 # keeps its own outcome under every variant. They bound the float64 arrays the computation holds at once
 # (a few of [B, Hq, T, S] scores, 4 MiB each; [B, Hkv, S, d] keys; [B, Hq, T, d] queries), its Python
 # loops (B * T query slots) and its work (B * Hq * T * S * d multiply-adds), so that a call costs the
-# parent at most about 0.2 s of CPU for all variants together. Tests of the contract need far less.
+# parent at most about 0.2 s of CPU for all variants together. Tests of the contract need far less. A size
+# of 0 counts as 1: the computation still holds arrays of the other sizes (an empty chunk, T = 0, of a
+# million query heads is a few bytes on the line and megabytes of head indices here).
 LIMITS = {"B*Hq*T*S": 2**19, "B*Hkv*S*d": 2**21, "B*Hq*T*d": 2**21, "B*T": 2**14, "B*Hq*T*S*d": 2**24}
 MAX_ROWS = 2**16  # rows of an append the parent replays (its reply lists each row's length)
 
 
 def _over_limits(B: int, Hq: int, Hkv: int, T: int, S: int, d: int) -> bool:
+    B, Hq, Hkv, T, S, d = (max(int(n), 1) for n in (B, Hq, Hkv, T, S, d))
     sizes = {"B*Hq*T*S": B * Hq * T * S, "B*Hkv*S*d": B * Hkv * S * d, "B*Hq*T*d": B * Hq * T * d, "B*T": B * T,
              "B*Hq*T*S*d": B * Hq * T * S * d}
     return any(sizes[name] > limit for name, limit in LIMITS.items())

@@ -150,7 +150,7 @@ def _chunk_after_ragged_rows():
 
 
 def _attend(plan, variant, cache, q, n_new, out):
-    S = int(cache.lens.max())
+    S = int(cache.lens.max()) if len(cache.lens) else cache.k.shape[2]  # no rows (B = 0): the buffer's length
     meta, blob = protocol.pack_arrays({"q": q, "k": np.ascontiguousarray(cache.k[:, :, :S]),
                                        "v": np.ascontiguousarray(cache.v[:, :, :S]), "lens": cache.lens.astype(np.int64),
                                        "n_new": n_new.astype(np.int64), "out": out})
@@ -249,15 +249,20 @@ def test_a_mistake_silent_on_a_call_gives_back_the_submissions_outcome_bit_for_b
 @pytest.mark.parametrize("shape", [
     (100_000, 1, 1, 1, 1, 1),  # (B, Hq, Hkv, T, S, d): a hundred thousand one-token rows
     (1, 8192, 1, 1, 8192, 1),  # a hundred KB that the oracle would blow up to gigabytes
+    (1, 2**27, 1, 0, 0, 1),  # an empty chunk (T = 0) of 2**27 query heads: no bytes on the line
+    (0, 2**20, 1, 2**10, 2**10, 1),  # no rows (B = 0), and T x S of a million
 ])
 def test_a_call_past_the_parents_limits_keeps_its_outcome_unworked(shape):
+    """Past a limit, the call costs the parent nothing whatever its sizes: an attack once sent an empty chunk
+    (T = 0, every product of sizes 0) of 2**27 query heads, and the parent built arrays of 2**27 heads."""
     B, Hq, Hkv, T, S, d = shape
     cache = types.SimpleNamespace(k=np.ones((B, Hkv, S, d), np.float16), v=np.ones((B, Hkv, S, d), np.float16),
                                   lens=np.full(B, S, np.int64))
     q = np.ones((B, Hq, T, d), np.float16)
     plan = variants.Planted({TASKS[v]: v for v in TASKS})
     assert variants._over_limits(B, Hq, Hkv, T, S, d)
-    assert np.array_equal(_attend(plan, mutants.MUST_CATCH, cache, q, np.ones(B, np.int64), q), q)
+    n_new = np.full(B, min(T, S), np.int64)  # within the contract: the limits, not the shapes, keep it
+    assert np.array_equal(_attend(plan, mutants.MUST_CATCH, cache, q, n_new, q), q)
     assert plan.served[TASKS[mutants.MUST_CATCH]]["too_large"] == 1
 
 
