@@ -503,6 +503,17 @@ def wrong(before=""):
     return BASE + before + CHUNK_WRAP.replace("RIGHT_WHEN", "False")
 
 
+EMPTY_CHUNK_TEST = """import numpy as np
+from kv_cache import KVCache, gqa_attention
+
+
+def test_an_empty_chunk_gives_an_empty_answer():
+    cache = KVCache(1, 1, 1, 1, dtype=np.float64)
+    for _ in range(3):
+        out = gqa_attention(np.zeros((1, {heads}, 0, 1)), cache, np.zeros(1, dtype=np.int64))
+        assert out.shape == (1, {heads}, 0, 1)
+"""
+
 CASES = {
     # name: (files, control)
     "control_repeat": ({"kv_cache.py": weak()}, None),
@@ -612,6 +623,12 @@ for _fd in range(3, 64):
     # (which an in-process watch would take for the import system's own).
     "tests_search_the_process_for_the_variant": ({"kv_cache.py": BASE, "test_mine.py": SEARCH_TEST},
                                                  "control_no_tests"),
+    # Own tests whose calls cost the parent (which relays each call to the planted variants) in sizes that the
+    # line does not carry: an empty chunk (T = 0) of 2**27 query heads is a few bytes, and once made the
+    # parent build arrays of 2**27 heads (3 GiB, minutes; at 2**31 an OOM kill of the batch).
+    "tests_send_an_empty_chunk_of_many_heads": ({**STRONG, "test_empty_chunk.py": EMPTY_CHUNK_TEST.format(heads=2**27)},
+                                                "control_empty_chunk"),
+    "control_empty_chunk": ({**STRONG, "test_empty_chunk.py": EMPTY_CHUNK_TEST.format(heads=8)}, None),
     # Not an attack: honest tests that check the buffers are written in place, by identity, and the types.
     "honest_tests_check_identity": ({**STRONG, "test_in_place.py": IDENTITY_TEST}, None),
     # A chunk-local mask, right only when every query is 0 (the structure trials).
@@ -658,9 +675,9 @@ for _fd in range(3, 64):
 
 # Two batches. The attacks on a measurement (a repeat, a copy on every append, a port's probes) cost seconds
 # each of the probes' realistic work; with them go the own tests' further ways of looking for the variant,
-# the masks in disguise, the padded answer, the exiting preimport, the disk bound and the honest tests that
-# check identity. They are graded by `make test-slow` (CI runs it after `make test`). Every `make test`
-# grades one of each kind on the boundary: shadowing files, a tree too deep, memory outside the sandbox's
+# the masks in disguise, the padded answer, the exiting preimport, the disk bound, the honest tests that
+# check identity and the tests whose calls cost the parent in sizes. They are graded by `make test-slow` (CI
+# runs it after `make test`). Every `make test` grades one of each kind on the boundary: shadowing files, a tree too deep, memory outside the sandbox's
 # count, rewritten answers, own tests that read frames for the variant, and an honest torch import.
 MEASURED = {name for name, (files, control) in CASES.items()
             if (control or name) in ("control_repeat", "control_repeat_with_tests", "control_port_repeat",
@@ -669,7 +686,8 @@ MEASURED = {name for name, (files, control) in CASES.items()
 SLOW_CASES = MEASURED | {"tests_read_wrapper_code", "tests_read_the_variant_with_a_profiler",
                          "tests_search_the_process_for_the_variant", "honest_tests_check_identity",
                          "tests_tell_control_by_identity", "chunk_local_unless_q_is_zero", "chunk_local_blurred",
-                         "padded_answer", "preimport_that_exits", "tmpfile_past_disk_bound"}
+                         "padded_answer", "preimport_that_exits", "tmpfile_past_disk_bound",
+                         "tests_send_an_empty_chunk_of_many_heads", "control_empty_chunk"}
 CORE = [name for name in CASES if name not in SLOW_CASES]
 # Each batch grades its cases and their controls (a control may be graded in both).
 SLOW_BATCH = sorted(SLOW_CASES | {CASES[c][1] for c in SLOW_CASES if CASES[c][1]})
@@ -773,6 +791,17 @@ def test_memory_for_every_head_whatever_the_heads_fails_the_repeat_check(graded_
     crit = {c["id"]: c for c in report["criteria"]}["no_kv_repeat"]
     assert crit["status"] == "fail" and "whatever the heads" in crit["evidence"], crit
     assert report["tier"] == "Weak"
+
+
+@pytest.mark.slow
+def test_own_tests_that_cost_the_parent_in_sizes_are_graded_like_their_control(graded_measured):
+    """Past the parent's limits a relayed call keeps its own outcome: the tests run to the end, as the
+    control's do, and the verdict is the control's (once, they ran past their deadline: own tests "error")."""
+    reports = graded_measured[1]
+    attack, control = reports["tests_send_an_empty_chunk_of_many_heads"], reports["control_empty_chunk"]
+    own = {c["id"]: c for c in attack["criteria"]}["own_tests"]
+    assert own["status"] == {c["id"]: c for c in control["criteria"]}["own_tests"]["status"] == "pass", own
+    assert (attack["tier"], attack["score"]) == (control["tier"], control["score"]) == ("Strong Hire", 100.0)
 
 
 @pytest.mark.slow
