@@ -137,7 +137,8 @@ def _measured_criteria(runs: dict, explain: list, decode_ok: bool = True) -> dic
         "preallocated_in_place": in_place,
         "no_kv_repeat": criteria_mod.no_repeat(runs.get("memory", []), decode_ok),
         "live_length": criteria_mod.live_length(scan["scan-small"], scan["scan-large"], decode_ok,
-                                                appends_copy=in_place.status == "fail"),
+                                                appends_copy=in_place.status == "fail",
+                                                large_base=scan.get("scan-large-base")),
     }
 
 

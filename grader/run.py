@@ -51,8 +51,9 @@ MEMORY_KV_HEADS = 8
 # whatever the heads (a max_len x max_len mask table, as gpt-fast builds) is in both.
 MEMORY_TOKENS = 4096  # a real context, and half the page faults of 8,192 in every grading
 # The growth and live-length probes at Llama-3-8B's layout (32/8): their caches reach 64 MiB and 8 MiB of
-# K/V in 8,192 and 2,048 tokens, so a mask table of max_len^2 entries stays far below the sandbox's memory
-# and its making costs little beside what is measured (a copy of the cache; the decode steps).
+# K/V in 8,192 and 2,048 tokens, so a mask table of max_len^2 entries stays far below the sandbox's memory.
+# Its making costs little beside the growth probe's copies, but at the live-length probe's larger
+# reservation (about 17,000 tokens) it can outweigh the decode steps: that probe measures it apart.
 GROW = {"Hq": 32, "Hkv": 8, "d": 128, "live_bytes": 64 * MIB, "appends": 300}
 SCAN = {"Hq": 32, "Hkv": 8, "d": 64, "live_bytes": 8 * MIB, "decodes": 64, "ratio": 8}
 PROBE_D = 128
@@ -142,6 +143,9 @@ def probes(seed: int) -> list[Probe]:
         cfg = {"Hkv": SCAN["Hkv"], "G": SCAN["Hq"] // SCAN["Hkv"], "d": SCAN["d"], "live": live, "appends": 0,
                "decodes": SCAN["decodes"], "total": total, "max_len": factor * (total + 8), "seed": seed}
         out.append(Probe(name, "scan", cfg, 2 * SCAN["Hkv"] * total * SCAN["d"] * 4))
+    # The large reservation's cache and prefill without the decode steps: what making the cache costs there
+    # (gpt-fast's mask table of max_len^2 entries: 0.7 to 2.5 s of page faults at this max_len, measured).
+    out.append(Probe("scan-large-base", "scan", {**cfg, "decodes": 0}, 2 * SCAN["Hkv"] * live * SCAN["d"] * 4))
     return out
 
 

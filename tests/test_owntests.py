@@ -101,9 +101,9 @@ def test_a_task_process_keeps_its_own_pipe_whatever_the_zygote_still_lists():
     assert answer == b"answer"
 
 
-def _scan_run(max_len: int, cpu_s: float):
+def _scan_run(max_len: int, cpu_s: float, decodes: int = 32):
     """A live-length probe run as the criterion reads it: ``(probe, task, expected output)``."""
-    probe = types.SimpleNamespace(config={"max_len": max_len, "decodes": 32, "live": 8387})
+    probe = types.SimpleNamespace(config={"max_len": max_len, "decodes": decodes, "live": 8387})
     task = types.SimpleNamespace(why=lambda: "", answer={"records": [[]]}, blob=np.zeros(4).tobytes(), cpu_s=cpu_s)
     return probe, task, np.zeros(4)
 
@@ -114,9 +114,41 @@ def test_a_slow_large_reservation_names_max_len_scan_only_when_the_appends_do_no
     reservation's cost may be theirs, and the attention's scan cannot be told apart (no guess)."""
     from grader import criteria
 
-    crit = criteria.live_length(_scan_run(8400, 0.1), _scan_run(8 * 8400, 0.6), appends_copy=appends_copy)
+    crit = criteria.live_length(_scan_run(8400, 0.1), _scan_run(8 * 8400, 0.6), appends_copy=appends_copy,
+                                large_base=_scan_run(8 * 8400, 0.02, decodes=0))
     assert (crit.status, crit.mistakes) == (status, named), crit.evidence
     assert "6.0x" in crit.evidence
+
+
+@pytest.mark.parametrize("large,base,status", [
+    (1.46, 1.06, "error"),  # a gpt-fast mask table made with the cache, attention over the live keys (measured)
+    (1.90, 0.68, "error"),  # ... the same file in another run: its making cost 2.6x as much in the decode run
+    (3.25, 0.93, "error"),  # the table, and attention over max_len (the causal_mask_table example): can't tell
+    (1.38, 0.04, "fail"),  # a scan of max_len with a cheap cache (the max_len_scan example, measured)
+    (0.18, 0.03, "pass"),  # honest
+    (0.30, 2.00, "pass"),  # honest whatever the base: the decode run itself is not 4x slower
+])
+def test_a_slow_large_reservation_is_a_scan_only_beyond_what_making_the_cache_costs(large, base, status):
+    """A cache that builds a table of max_len^2 entries when made (gpt-fast) is slow in the large reservation
+    before any decode step: the scan is named only when the decode run stays 4x slower with four times the
+    making taken off (its making in a run of its own varied 0.4x to 2.6x); otherwise not measured, no name."""
+    from grader import criteria
+
+    crit = criteria.live_length(_scan_run(2100, 0.15), _scan_run(8 * 2100, large),
+                                large_base=_scan_run(8 * 2100, base, decodes=0))
+    assert crit.status == status, crit.evidence
+    assert crit.mistakes == (["max_len_scan"] if status == "fail" else []), crit.evidence
+    if status == "error":
+        assert "making the cache" in crit.evidence and "mask table" in crit.evidence
+
+
+def test_a_scan_is_not_judged_without_the_large_reservations_making_alone():
+    from grader import criteria
+
+    broken = _scan_run(8 * 2100, 0.0, decodes=0)
+    broken[1].why = lambda: "it ran past its time"
+    crit = criteria.live_length(_scan_run(2100, 0.15), _scan_run(8 * 2100, 1.4), large_base=broken)
+    assert (crit.status, crit.mistakes) == ("error", []) and "it ran past its time" in crit.evidence
 
 
 def test_the_first_failure_is_shown_whole_with_short_numbers():
