@@ -363,9 +363,10 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
                      for p in plan.probes]
     if all(_nothing_written(a) for a in [answer, *probe_answers]):
         # The template as handed out (an untouched notebook, a stub): nothing of the candidate's to grade.
-        return {**_error_report(name, options, "kv_cache.py is not filled in yet: every trial stops at the "
-                                "template's NotImplementedError; fill in KVCache and gqa_attention, then hand "
-                                "it back", started), "isolation": level, "notes": notes}
+        return {**_error_report(name, options, "the implementation is not filled in yet (kv_cache.py, or a "
+                                "notebook's implementation cells): every trial stops at the template's "
+                                "NotImplementedError; fill in KVCache and gqa_attention, then hand it back",
+                                started), "isolation": level, "notes": notes}
     try:
         return _evaluate(name, options, level, started, plan, sessions, answer, comparison, outputs, files, notes)
     except MALFORMED as exc:

@@ -142,7 +142,7 @@ def print_report(report: dict, console=None, rubric=None, audience: str = "hirin
                       evidence)
     console.print(table)
     if report.get("mistakes"):
-        console.print(Text.assemble(("Mistakes: ", "bold red"), clean(mistakes_line(report))))
+        console.print(Text.assemble(("Mistakes: ", "bold red"), clean(mistakes_line(report, rubric, audience))))
     if report.get("smallest_failing"):
         console.print(Text.assemble(("Smallest failing case: ", "bold"), clean(report["smallest_failing"])))
     diagnosis = report.get("diagnosis") or {}
@@ -158,15 +158,25 @@ def print_report(report: dict, console=None, rubric=None, audience: str = "hirin
             console.print(Text.assemble(f"  - {clean(q['question'])}  ", (f"expect: {clean(q['answer'])}", "dim")))
 
 
-def mistakes_line(report: dict) -> str:
-    """Named mistakes tagged by section: ``numpy: a, b; port: kv_repeat (caps the tier at Hire)``."""
+def mistake_sections(report: dict) -> tuple[list, list]:
+    """``(the NumPy part's mistakes, the port's)``: a name in the port caps the tier, the same name in
+    NumPy may make it Weak, so the two are never counted as one."""
     port = list(report.get("port_mistakes") or [])
     numpy_side = report.get("numpy_mistakes")
     if numpy_side is None:  # reports of older kits
         numpy_side = [m for m in report.get("mistakes", []) if m not in port]
+    return list(numpy_side), port
+
+
+def mistakes_line(report: dict, rubric=None, audience: str = "hiring") -> str:
+    """Named mistakes tagged by section: ``numpy: a, b; port: kv_repeat (caps the tier at Hire)``, the cap's
+    tier in ``audience``'s words."""
+    numpy_side, port = mistake_sections(report)
     parts = [f"numpy: {', '.join(numpy_side)}"] if numpy_side else []
     if port:
         cap = report.get("port_cap")
+        if cap and rubric is not None:
+            cap = rubric.label(cap, audience)
         parts.append(f"port: {', '.join(port)}" + (f" (caps the tier at {cap})" if cap else ""))
     return "; ".join(parts)
 
@@ -207,7 +217,7 @@ def markdown(reports: list[dict], rubric=None, audience: str = "hiring", images:
                 evidence += f" (**{md(', '.join(c['mistakes']))}**)"  # catalogue ids, escaped all the same
             lines.append(f"| {md(c['title'])} | {c['status']} | {c['points']:g}/{c['max_points']:g} | {evidence} |")
         if r.get("mistakes"):
-            lines += ["", f"Mistakes: {md(mistakes_line(r))}"]
+            lines += ["", f"Mistakes: {md(mistakes_line(r, rubric, audience))}"]
         if r.get("smallest_failing"):
             lines += ["", f"Smallest failing case: {md(r['smallest_failing'])}"]
         diagnosis = r.get("diagnosis") or {}

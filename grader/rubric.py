@@ -95,8 +95,9 @@ class Rubric:
                 text = self.title(c)
                 if statuses.get(c) == "error":
                     text += f" (not measured: {_shortened(str(evidence.get(c) or 'no evidence'), 160)})"
-                elif statuses.get(c) == "not_attempted":
-                    text += " (not attempted)"
+                elif statuses.get(c) == "not_attempted":  # what the check saw: "no cost.py", "... refused ..."
+                    seen = str(evidence.get(c) or "")
+                    text += f" (not attempted: {_shortened(seen, 100)})" if seen else " (not attempted)"
                 parts.append(text)
             return "; ".join(parts)
         if missing_hire:

@@ -18,7 +18,7 @@ import io
 import os
 from collections import Counter
 
-from grader.report import clean, md, status_of, write_text_atomic
+from grader.report import clean, md, mistake_sections, status_of, write_text_atomic
 from grader.rubric import TIERS as RUBRIC_TIERS
 from grader.suite import FULL_TRIALS
 
@@ -68,7 +68,12 @@ def tier_counts(reports: list[dict]) -> Counter:
 
 
 def mistake_counts(reports: list[dict]) -> Counter:
-    return Counter(m for r in graded(reports) for m in set(r.get("mistakes", [])))
+    """Graded submissions per named mistake, the port's apart (``port: kv_repeat``)."""
+    counts: Counter = Counter()
+    for r in graded(reports):
+        numpy_side, port = mistake_sections(r)
+        counts.update(set(numpy_side) | {f"port: {m}" for m in port})
+    return counts
 
 
 def _rate(part: int, whole: int) -> str:
@@ -154,7 +159,7 @@ def csv_text(reports: list[dict], rubric=None, audience: str = "hiring") -> str:
         graded_ = status_of(r) == "graded"
         writer.writerow([clean(r.get("submission"), 200), status_of(r),
                          _label(rubric, audience)(r["tier"]) if graded_ else "", r.get("score") if graded_ else "",
-                         r.get("max_score"), " ".join(r.get("mistakes", [])), clean(r.get("error") or "", 200)]
+                         r.get("max_score"), _mistakes_cell(r), clean(r.get("error") or "", 200)]
                         + [status.get(cid, "") for cid in ids])
     return out.getvalue()
 
@@ -169,10 +174,7 @@ def write(reports: list[dict], out_dir: str, elapsed_s: float | None = None, rub
 
 def _mistakes_cell(report: dict) -> str:
     """The named mistakes, the port's marked (a port mistake caps the tier; the same name in NumPy is Weak)."""
-    port = list(report.get("port_mistakes") or [])
-    numpy_side = report.get("numpy_mistakes")
-    if numpy_side is None:  # reports of older kits
-        numpy_side = [m for m in report.get("mistakes", []) if m not in port]
+    numpy_side, port = mistake_sections(report)
     return "; ".join(filter(None, [", ".join(numpy_side), f"port: {', '.join(port)}" if port else ""]))
 
 

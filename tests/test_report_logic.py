@@ -325,6 +325,32 @@ def test_port_mistakes_are_tagged_by_section_and_the_cap_is_spelled_out():
     r = built(decided({"torch_port": ("fail", "port mistakes: kv_repeat")}), port_named={"kv_repeat": "peak"})
     assert report.mistakes_line(r) == "port: kv_repeat (caps the tier at Hire)"
     assert "port: kv_repeat (caps the tier at Hire)" in r["tier_reason"]
+    # A class reads its own tier names there too, in the terminal and in the Markdown (never "Hire").
+    in_class = report.mistakes_line(r, RUBRIC, "class")
+    assert in_class == f"port: kv_repeat (caps the tier at {RUBRIC.label('Hire', 'class')})" and "Hire" not in in_class
+    assert f"Mistakes: port: kv\\_repeat (caps the tier at {RUBRIC.label('Hire', 'class')})" in \
+        report.markdown([r], RUBRIC, "class")
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    report.print_report(r, console, RUBRIC, "class")
+    terminal = " ".join(console.file.getvalue().split())
+    assert "Mistakes: port: kv_repeat (caps the tier at " + RUBRIC.label("Hire", "class") in terminal, terminal
+
+
+def test_the_class_summary_counts_a_port_mistake_apart_from_the_same_name_in_numpy():
+    """A port's kv_repeat caps the tier; NumPy's makes it Weak: the summary never adds the two up."""
+    port = built(decided({"torch_port": ("fail", "port mistakes: kv_repeat")}), port_named={"kv_repeat": "peak"})
+    numpy_too = built(decided({"no_kv_repeat": ("fail", "9x")}), named={"kv_repeat": "9x"},
+                      port_named={"kv_repeat": "peak"})
+    assert summary.mistake_counts([port, numpy_too]) == {"port: kv_repeat": 2, "kv_repeat": 1}
+    text = summary.markdown([port, numpy_too])
+    assert "| `port: kv_repeat` | 2 | 100% |" in text and "| `kv_repeat` | 1 | 50% |" in text
+    assert "mistake,port: kv_repeat,port: kv_repeat,2,2" in summary.summary_csv([port, numpy_too])
+    rows = summary.csv_text([port, numpy_too]).splitlines()
+    assert ",port: kv_repeat," in rows[1] and ",kv_repeat; port: kv_repeat," in rows[2], rows
 
 
 def test_a_port_that_scans_max_len_caps_the_tier_though_the_numpy_part_would_not():
@@ -439,8 +465,11 @@ def test_chunked_prefill_silently_wrong_is_weak_and_a_refusal_is_not():
     assert r["tier"] == "Weak" and "silently wrong" in r["tier_reason"] and r["mistakes"] == []
     raised = decided({"chunked_prefill": ("fail", "3 of 9 chunked prefill steps raise IndexError")})
     assert built(raised)["tier"] == "Hire"  # failing by raising is not silent
-    refused = decided({"chunked_prefill": ("not_attempted", "refused with a clear error")})
+    refused = decided({"chunked_prefill": ("not_attempted", "chunked prefill refused with a clear error "
+                                                            "(ValueError: chunks after cached tokens)")})
     assert built(refused)["tier"] == "Hire"
+    # The reason says what the check saw (a refusal), not only that nothing was attempted.
+    assert "(not attempted: chunked prefill refused with a clear error" in built(refused)["tier_reason"]
 
 
 def test_a_sandbox_that_never_reaches_a_task_is_a_grader_error(monkeypatch):
