@@ -168,6 +168,12 @@ def _read_notebook(path: str):
                 or not isinstance(cell.get("source"), str) or not isinstance(cell.get("metadata", {}), dict):
             raise SubmissionError(f"{path}: not a readable notebook (cell {number} has no cell_type, text "
                                   f"source or metadata of its own); save it again from Jupyter")
+    # Every file laid out from the notebook is bounded (``_bounded``), and so is the code read to lay them out:
+    # its cells are parsed here, in the grader's process (a course notebook holds well under 100 KB of code).
+    code = sum(len(cell["source"]) for cell in nb.cells if cell["cell_type"] == "code")
+    if code > MAX_FILE_BYTES:
+        raise SubmissionError(f"{path}: its code cells hold more than {MAX_FILE_BYTES // 2**20} MiB of code "
+                              f"({code:,} characters); hand back the notebook without generated or pasted data")
     return nb
 
 
@@ -188,7 +194,44 @@ def notebook_source(path: str) -> str:
     """The code cells of a notebook as one module, shell (``!``) and magic (``%``) lines dropped."""
     nb = _read_notebook(path)
     cells = [code for code in map(_cell_code, nb.cells) if code is not None]
-    return _bounded(path, "kv_cache.py", "\n\n".join(cells) + "\n")
+    return _bounded(path, "kv_cache.py", "\n\n".join(_future_first(cells)) + "\n")
+
+
+def _future_first(parts: list[str]) -> list[str]:
+    """``parts`` (cells' code, in order) with their top-level ``from __future__ import`` statements moved into
+    a first part: Jupyter compiles each cell on its own, so any cell may open with one, but a file only at
+    its top. Each statement moved leaves ``pass`` behind (it may share a line); a part that does not parse
+    is left as it is."""
+    import ast
+
+    future, out = [], []
+    for part in parts:
+        try:
+            tree = ast.parse(part)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            out.append(part)
+            continue
+        nodes = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+        if not nodes:
+            out.append(part)
+            continue
+        lines = part.encode("utf-8", "surrogatepass").split(b"\n")
+        for node in reversed(nodes):  # last first: earlier offsets stay valid
+            future.insert(0, _segment(lines, node))
+            first, last = node.lineno - 1, node.end_lineno - 1
+            lines[first:last + 1] = [lines[first][:node.col_offset] + b"pass" + lines[last][node.end_col_offset:]]
+        out.append(b"\n".join(lines).decode("utf-8", "surrogatepass"))
+    return (["\n".join(dict.fromkeys(future))] if future else []) + out
+
+
+def _segment(lines: list[bytes], node) -> str:
+    """The source text of ``node`` from ``lines``, its source's UTF-8 lines (ast's columns count bytes). One
+    slice per statement: ``ast.get_source_segment`` splits the whole source again at every call."""
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first][node.col_offset:node.end_col_offset].decode("utf-8", "surrogatepass")
+    body = [lines[first][node.col_offset:], *lines[first + 1:last], lines[last][:node.end_col_offset]]
+    return b"\n".join(body).decode("utf-8", "surrogatepass")
 
 
 # The classroom notebook's hand-back roles (cell metadata ``{"kvkit": {"role": ...}}``) and the file
@@ -284,8 +327,7 @@ def notebook_files(path: str) -> dict[str, str]:
         answers = [_cell_code(c) for c in cells if _marker(c, "nbgrader", "solution") is True]
         if role != "implementation" and (not cells or (answers and _only_stubs(answers))):
             continue
-        parts = [f"# {name}: the cells of {os.path.basename(path)!r} marked {role!r} (kvkit grade wrote this file)."]
-        parts += setup
+        parts = list(setup)
         if role in AFTER_IMPLEMENTATION:
             parts.append("from kv_cache import *  # noqa: F403 - the names the notebook's earlier cells defined")
         if role == "implementation":
@@ -293,7 +335,8 @@ def notebook_files(path: str) -> dict[str, str]:
         parts += [_cell_code(c) for c in cells]
         if role == "port":
             parts.append("\n".join(_exports(cells)))
-        files[name] = _bounded(path, name, "\n\n".join(p for p in parts if p) + "\n")
+        head = f"# {name}: the cells of {os.path.basename(path)!r} marked {role!r} (kvkit grade wrote this file)."
+        files[name] = _bounded(path, name, "\n\n".join([head, *(p for p in _future_first(parts) if p)]) + "\n")
     return files
 
 
@@ -306,6 +349,7 @@ def _definitions(source: str) -> str:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return ""
     keep = []
+    lines = source.encode("utf-8", "surrogatepass").split(b"\n")  # the cell's code: "\n" ends every line
     for node in tree.body:
         constant = isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(
             getattr(node, "value", None), (ast.Constant, ast.Tuple, ast.List)) and all(
@@ -313,7 +357,7 @@ def _definitions(source: str) -> str:
             and not isinstance(n, (ast.Tuple, ast.List)))
         if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
                 or constant:
-            keep.append(ast.get_source_segment(source, node, padded=False) or "")
+            keep.append(_segment(lines, node))
     return "\n\n".join(k for k in keep if k)
 
 

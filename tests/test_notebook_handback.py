@@ -228,3 +228,53 @@ def test_a_notebook_with_a_malformed_cell_is_not_graded_and_says_so(tmp_path, ba
     report = grade(str(tmp_path / "malformed.ipynb"), Options(seed=2, trials=5))
     assert report["status"] == "not_graded" and "not a readable notebook" in report["tier_reason"], report
     assert "cell 2" in report["tier_reason"]
+
+
+@pytest.mark.parametrize("roles", [True, False], ids=["by role", "without roles"])
+def test_a_cell_may_open_with_a_future_import(tmp_path, roles):
+    """Jupyter compiles each cell on its own, so an implementation cell (after the setup cell) may open with
+    ``from __future__ import annotations``; laid out after other cells it would be a SyntaxError (an
+    attacker's honest control once got Weak 0 for it). The laid-out file opens with it instead."""
+    nb = _student_copy()
+    impl = next(c for c in nb.cells if c.metadata.get("kvkit", {}).get("role") == "implementation")
+    impl.source = "from __future__ import annotations; import math\n\n" + impl.source
+    if not roles:
+        for cell in nb.cells:
+            cell.metadata.pop("kvkit", None)
+    path = tmp_path / "future.ipynb"
+    nbformat.write(nb, path)
+    work = tmp_path / "work"
+    work.mkdir()
+    materialize(str(path), str(work))
+    source = (work / "kv_cache.py").read_text()
+    compile(source, "kv_cache.py", "exec")  # the SyntaxError it was
+    code = [line for line in source.splitlines() if line.strip() and not line.startswith("#")]
+    assert code[0] == "from __future__ import annotations" and source.count("from __future__") == 1
+    assert "pass; import math" in source  # the rest of its line stays where it was
+
+
+def test_a_long_cell_of_statements_costs_the_grader_linear_time(tmp_path):
+    """A student cell of 20,000 one-line imports (228 KB): its definitions were each cut out of the whole
+    cell again (ast.get_source_segment), quadratic time in the grader's own process (over 60 s, and a
+    batch stalled); now a few tenths of a second. A loose bound: a containment check, not a benchmark."""
+    import time
+
+    nb = _student_copy()
+    nb.cells.append(nbformat.v4.new_code_cell("import os\n" * 20_000))
+    path = tmp_path / "long.ipynb"
+    nbformat.write(nb, path)
+    work = tmp_path / "work"
+    work.mkdir()
+    start = time.process_time()
+    materialize(str(path), str(work))
+    assert time.process_time() - start < 8.0
+    assert (work / "kv_cache.py").read_text().count("import os") == 20_000
+
+
+def test_a_notebook_of_more_code_than_a_file_may_hold_is_not_graded(tmp_path):
+    nb = _student_copy()
+    nb.cells += [nbformat.v4.new_code_cell("x = 1\n" * 100_000) for _ in range(2)]  # 1.2 MB of code
+    path = tmp_path / "huge.ipynb"
+    nbformat.write(nb, path)
+    report = grade(str(path), Options(seed=1, trials=5))
+    assert report["status"] == "not_graded" and "MiB of code" in report["error"], report["error"]
