@@ -113,7 +113,7 @@ def _grade_one(path: str, options: Options) -> dict:
         return report
 
 
-def finished_reports(paths: list[str], out_dir: str, changed: list | None = None) -> dict:
+def finished_reports(paths: list[str], out_dir: str, changed: list | None = None, names: dict | None = None) -> dict:
     """``{path: report}`` for the submissions whose report in ``out_dir`` is finished, graded, and of the
     hand-back as it is now.
 
@@ -128,9 +128,10 @@ def finished_reports(paths: list[str], out_dir: str, changed: list | None = None
     from grader.submission import hand_back_sha256
 
     done = {}
+    names = names or batch_names(paths)
     for path in paths:
         try:
-            with open(os.path.join(out_dir, report_name(path))) as f:
+            with open(os.path.join(out_dir, report_name(names[path]))) as f:
                 previous = json.load(f)
         except (OSError, ValueError):
             continue
@@ -150,7 +151,7 @@ def _resume(args, paths: list[str]) -> dict:
     their seed, random trials' count and audience fill in what ``args`` leaves unset. A report in --out is a
     file like any other: only values the command line would accept are taken."""
     changed: list = []
-    done = finished_reports(paths, args.out, changed)
+    done = finished_reports(paths, args.out, changed, batch_names(paths))
     said = f" ({len(changed)} handed in again since: {report_mod.clean(', '.join(map(name_of, changed[:5])), 300)}" \
         f"{', ...' if len(changed) > 5 else ''})" if changed else ""
     kept = {"seed": _most_common(done, lambda r: r.get("seed"), lambda v: _is_int(v) and 0 <= v < 2**63),
@@ -179,9 +180,25 @@ def _most_common(reports: dict, read, valid):
     return values.most_common(1)[0][0] if values else None
 
 
-def report_name(path: str) -> str:
-    """The file name a submission's report gets in ``--out``."""
-    return os.path.basename(os.path.normpath(path)).replace(os.sep, "_") + ".json"
+def batch_names(paths: list[str]) -> dict:
+    """``{path: display name}``: each submission's file or folder name, with as many of its parent folders as
+    tell apart hand-backs of one name (``alice/kv_cache/kv_cache.ipynb`` beside ``bob/kv_cache/kv_cache.ipynb``,
+    nbgrader's ``submitted/`` layout), so that no report in ``--out`` overwrites another."""
+    parts = {p: os.path.normpath(os.path.abspath(p)).split(os.sep) for p in paths}
+    depth = dict.fromkeys(paths, 1)
+    while True:
+        names = {p: "/".join(parts[p][-depth[p]:]) for p in paths}
+        seen = Counter(names.values())
+        clash = [p for p in paths if seen[names[p]] > 1 and depth[p] < len(parts[p])]
+        if not clash:
+            return names
+        for p in clash:
+            depth[p] += 1
+
+
+def report_name(name: str) -> str:
+    """The file name the report of a submission of display name ``name`` (``batch_names``) gets in ``--out``."""
+    return name.replace("/", "_").replace(os.sep, "_") + ".json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,11 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=False)
     show_progress = len(todo) > 1 and (args.jobs > 1 or args.quiet)
 
+    names = batch_names(paths)
+
     def finished(path, rep):
         reports[path] = rep
+        rep["submission"] = names[path]  # its folder too, where another hand-back has its name
         rep["audience"] = args.audience  # what a --resume of this batch takes up
         if args.out:  # written before anything is printed: a rendering failure loses nothing
-            report_mod.write_json_atomic(os.path.join(args.out, report_name(path)), rep)
+            report_mod.write_json_atomic(os.path.join(args.out, report_name(names[path])), rep)
         if not args.quiet:
             try:
                 report_mod.print_report(rep, console, rubric, args.audience)
@@ -291,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         if args.json.endswith(os.sep) or os.path.isdir(args.json):
             for path in paths:
-                report_mod.write_json_atomic(os.path.join(args.json, report_name(path)), reports[path])
+                report_mod.write_json_atomic(os.path.join(args.json, report_name(names[path])), reports[path])
         else:
             report_mod.write_json_atomic(args.json, ordered)
     if args.markdown:

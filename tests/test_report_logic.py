@@ -10,7 +10,7 @@ import os
 import pytest
 
 from grader import report, summary
-from grader.cli import expand, finished_reports, report_name
+from grader.cli import batch_names, expand, finished_reports, report_name
 from grader.rubric import TIERS, load
 
 RUBRIC = load()
@@ -124,12 +124,12 @@ def test_resume_keeps_only_finished_graded_reports_of_the_hand_back_as_it_is(tmp
             os.makedirs(path)
             open(os.path.join(path, "kv_cache.py"), "w").write("x = 1\n")
     kept = {**graded("a", "Hire"), "hand_back_sha256": hand_back_sha256(paths[0])}
-    (out / report_name(paths[0])).write_text(json.dumps(kept))
-    (out / report_name(paths[1])).write_text(json.dumps(report.ungraded("b", 1, RUBRIC, "no kv_cache.py")))
-    (out / report_name(paths[2])).write_text(json.dumps(report.ungraded("c", 1, RUBRIC, "x", "grader_error")))
-    (out / report_name(paths[3])).write_text('{"schema": "kvkit.report/1", "status": "gra')  # cut short
+    (out / report_name(os.path.basename(paths[0]))).write_text(json.dumps(kept))
+    (out / report_name(os.path.basename(paths[1]))).write_text(json.dumps(report.ungraded("b", 1, RUBRIC, "no kv_cache.py")))
+    (out / report_name(os.path.basename(paths[2]))).write_text(json.dumps(report.ungraded("c", 1, RUBRIC, "x", "grader_error")))
+    (out / report_name(os.path.basename(paths[3]))).write_text('{"schema": "kvkit.report/1", "status": "gra')  # cut short
     for path in paths[5:]:  # graded, then handed in again with one character changed
-        (out / report_name(path)).write_text(json.dumps({**graded("f", "Weak"), "hand_back_sha256": hand_back_sha256(path)}))
+        (out / report_name(os.path.basename(path))).write_text(json.dumps({**graded("f", "Weak"), "hand_back_sha256": hand_back_sha256(path)}))
     open(paths[5], "w").write("x = 2\n")
     open(os.path.join(paths[6], "kv_cache.py"), "w").write("x = 2\n")
     changed: list = []
@@ -156,7 +156,7 @@ def test_resume_takes_up_only_values_the_command_line_would_accept(tmp_path, cap
     out.mkdir()
     (cls / "a" / "kv_cache.py").write_text("x = 1\n")
     kept = {**graded("a", "Hire"), "hand_back_sha256": hand_back_sha256(str(cls / "a")), **odd}
-    (out / report_name(str(cls / "a"))).write_text(json.dumps(kept))
+    (out / report_name(os.path.basename(str(cls / "a")))).write_text(json.dumps(kept))
     assert cli.main([str(cls), "--out", str(out), "--resume", "--quiet"]) == 0
     said = capsys.readouterr().err
     (name, value), = odd.items()
@@ -176,7 +176,7 @@ def test_resume_grades_again_a_hand_back_that_cannot_be_laid_out_now(tmp_path, m
         os.makedirs(path)
         open(os.path.join(path, "kv_cache.py"), "w").write("x = 1\n")
         report_of = {**graded(os.path.basename(path), "Hire"), "hand_back_sha256": submission.hand_back_sha256(path)}
-        (out / report_name(path)).write_text(json.dumps(report_of))
+        (out / report_name(os.path.basename(path))).write_text(json.dumps(report_of))
     real = submission.materialize
 
     def broken_for_b(path, workdir, notes=None):
@@ -525,3 +525,28 @@ def test_a_submission_that_does_not_load_is_weak_with_each_criterion_saying_why(
     assert by_id["cost_model"]["status"] == "error" and "cost.py" in by_id["cost_model"]["evidence"]
     assert by_id["decode"]["evidence"].startswith("not measured") and by_id["decode"]["tier"] == "Hire"
     assert abs(sum(c["max_points"] for c in report["criteria"]) - rubric.max_score) < 1e-6
+
+
+def test_hand_backs_of_one_name_get_their_folders_in_their_names(tmp_path):
+    """nbgrader's submitted/<student>/<assignment>/<notebook>.ipynb: every student's file has one name, and
+    their reports in --out overwrote one another. Each name now takes as many parent folders as tell it apart."""
+    paths = [str(tmp_path / "submitted" / who / "kv_cache" / "kv_cache.ipynb") for who in ("alice", "bob")]
+    paths.append(str(tmp_path / "extra" / "carol.zip"))
+    names = batch_names(paths)
+    assert names == {paths[0]: "alice/kv_cache/kv_cache.ipynb", paths[1]: "bob/kv_cache/kv_cache.ipynb",
+                     paths[2]: "carol.zip"}
+    assert len({report_name(n) for n in names.values()}) == 3
+    assert batch_names([paths[0], paths[0]]) == {paths[0]: "kv_cache.ipynb"}  # the same hand-back twice
+
+
+def test_a_batch_writes_one_report_per_hand_back_of_the_same_name(tmp_path):
+    from grader import cli
+
+    for who in ("alice", "bob"):
+        (tmp_path / who / "work").mkdir(parents=True)
+        (tmp_path / who / "work" / "notes.txt").write_text("no code here\n")  # not graded: nothing runs
+    out = tmp_path / "out"
+    assert cli.main([str(tmp_path / "alice" / "work"), str(tmp_path / "bob" / "work"), "--out", str(out),
+                     "--quiet"]) == 0
+    written = {json.loads((out / n).read_text())["submission"] for n in os.listdir(out) if n.endswith(".json")}
+    assert written == {"alice/work", "bob/work"}
