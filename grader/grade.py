@@ -138,7 +138,7 @@ def _measured_criteria(runs: dict, explain: list, decode_ok: bool = True) -> dic
         "no_kv_repeat": criteria_mod.no_repeat(runs.get("memory", []), decode_ok),
         "live_length": criteria_mod.live_length(scan["scan-small"], scan["scan-large"], decode_ok,
                                                 appends_copy=in_place.status == "fail",
-                                                large_base=scan.get("scan-large-base")),
+                                                bases=(scan.get("scan-small-base"), scan.get("scan-large-base"))),
     }
 
 
