@@ -300,7 +300,7 @@ def _grade_laid_out(name, workdir, files, options, started) -> dict:
     if aside:
         _say_stubs_set_aside(report, aside)
         report.setdefault("notes", []).insert(
-            0, f"set aside {len(aside)} file(s) of the starter bundle (not graded as the candidate's work; its "
+            0, f"set aside {len(aside)} file(s) of the starter bundle (not graded as the hand-back's own work; its "
                f"step tests by their path, even edited): " + ", ".join(aside))
     return report
 
