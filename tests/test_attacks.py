@@ -503,6 +503,13 @@ def wrong(before=""):
     return BASE + before + CHUNK_WRAP.replace("RIGHT_WHEN", "False")
 
 
+def _notebook(*cells: tuple) -> str:
+    """A notebook's JSON text: ``(kvkit role or None, source)`` per code cell."""
+    return json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "code", "id": f"c{i}", "execution_count": None, "outputs": [], "source": source,
+         "metadata": {"kvkit": {"role": role}} if role else {}} for i, (role, source) in enumerate(cells)]})
+
+
 EMPTY_CHUNK_TEST = """import numpy as np
 from kv_cache import KVCache, gqa_attention
 
@@ -629,6 +636,12 @@ for _fd in range(3, 64):
     "tests_send_an_empty_chunk_of_many_heads": ({**STRONG, "test_empty_chunk.py": EMPTY_CHUNK_TEST.format(heads=2**27)},
                                                 "control_empty_chunk"),
     "control_empty_chunk": ({**STRONG, "test_empty_chunk.py": EMPTY_CHUNK_TEST.format(heads=8)}, None),
+    # A notebook whose added cell holds 20,000 one-line statements: laying it out once took time quadratic in
+    # them, in the grader's own process (the batch stalled past a minute).
+    "notebook_cell_of_many_statements": ({"hand_back.ipynb": _notebook(("implementation", BASE),
+                                                                       (None, "import os\n" * 20_000))},
+                                         "control_notebook"),
+    "control_notebook": ({"hand_back.ipynb": _notebook(("implementation", BASE))}, None),
     # Not an attack: honest tests that check the buffers are written in place, by identity, and the types.
     "honest_tests_check_identity": ({**STRONG, "test_in_place.py": IDENTITY_TEST}, None),
     # A chunk-local mask, right only when every query is 0 (the structure trials).
@@ -676,9 +689,10 @@ for _fd in range(3, 64):
 # Two batches. The attacks on a measurement (a repeat, a copy on every append, a port's probes) cost seconds
 # each of the probes' realistic work; with them go the own tests' further ways of looking for the variant,
 # the masks in disguise, the padded answer, the exiting preimport, the disk bound, the honest tests that
-# check identity and the tests whose calls cost the parent in sizes. They are graded by `make test-slow` (CI
-# runs it after `make test`). Every `make test` grades one of each kind on the boundary: shadowing files, a tree too deep, memory outside the sandbox's
-# count, rewritten answers, own tests that read frames for the variant, and an honest torch import.
+# check identity, the tests whose calls cost the parent in sizes and a notebook costly to lay out. They are
+# graded by `make test-slow` (CI runs it after `make test`). Every `make test` grades one of each kind on the
+# boundary: shadowing files, a tree too deep, memory outside the sandbox's count, rewritten answers, own tests
+# that read frames for the variant, and an honest torch import.
 MEASURED = {name for name, (files, control) in CASES.items()
             if (control or name) in ("control_repeat", "control_repeat_with_tests", "control_port_repeat",
                                      "control_port_copies", "control_concat")
@@ -687,7 +701,8 @@ SLOW_CASES = MEASURED | {"tests_read_wrapper_code", "tests_read_the_variant_with
                          "tests_search_the_process_for_the_variant", "honest_tests_check_identity",
                          "tests_tell_control_by_identity", "chunk_local_unless_q_is_zero", "chunk_local_blurred",
                          "padded_answer", "preimport_that_exits", "tmpfile_past_disk_bound",
-                         "tests_send_an_empty_chunk_of_many_heads", "control_empty_chunk"}
+                         "tests_send_an_empty_chunk_of_many_heads", "control_empty_chunk",
+                         "notebook_cell_of_many_statements", "control_notebook"}
 CORE = [name for name in CASES if name not in SLOW_CASES]
 # Each batch grades its cases and their controls (a control may be graded in both).
 SLOW_BATCH = sorted(SLOW_CASES | {CASES[c][1] for c in SLOW_CASES if CASES[c][1]})
