@@ -196,9 +196,21 @@ def batch_names(paths: list[str]) -> dict:
             depth[p] += 1
 
 
+REPORT_NAME_BYTES = 200  # of a report's file name before ".json": a file system allows 255
+
+
 def report_name(name: str) -> str:
-    """The file name the report of a submission of display name ``name`` (``batch_names``) gets in ``--out``."""
-    return name.replace("/", "_").replace(os.sep, "_") + ".json"
+    """The file name the report of a submission of display name ``name`` (``batch_names``) gets in ``--out``:
+    the name itself, or, for a name with folders in it or too long for a file name, the name flattened and
+    cut, with a digest of the whole (``a/k.py`` beside a hand-back named ``a_k.py``)."""
+    flat = name.replace("/", "_").replace(os.sep, "_")
+    raw = flat.encode("utf-8", "surrogateescape")
+    if flat == name and len(raw) <= REPORT_NAME_BYTES:
+        return name + ".json"
+    import hashlib
+
+    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return raw[:REPORT_NAME_BYTES].decode("utf-8", "ignore") + f"-{digest}.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,13 +256,19 @@ def main(argv: list[str] | None = None) -> int:
     show_progress = len(todo) > 1 and (args.jobs > 1 or args.quiet)
 
     names = batch_names(paths)
+    unwritten: list = []
 
     def finished(path, rep):
         reports[path] = rep
         rep["submission"] = names[path]  # its folder too, where another hand-back has its name
         rep["audience"] = args.audience  # what a --resume of this batch takes up
         if args.out:  # written before anything is printed: a rendering failure loses nothing
-            report_mod.write_json_atomic(os.path.join(args.out, report_name(names[path])), rep)
+            try:
+                report_mod.write_json_atomic(os.path.join(args.out, report_name(names[path])), rep)
+            except OSError as exc:  # the disk, not the hand-back: say so, grade the rest, exit 1
+                unwritten.append(path)
+                print(f"kvkit grade: the report of {report_mod.clean(names[path], 200)!r} could not be written "
+                      f"({type(exc).__name__}: {report_mod.clean(str(exc), 200)})", file=sys.stderr)
         if not args.quiet:
             try:
                 report_mod.print_report(rep, console, rubric, args.audience)
@@ -329,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
             summary.print_summary(ordered, console, rubric, args.audience)
         except SystemExit:  # a closed pipe: every file is written already
             pass
+    if unwritten:
+        print(f"kvkit grade: {len(unwritten)} report(s) could not be written to {args.out} (see above)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -16,6 +16,11 @@ Nothing is guessed from source. Thresholds, with their reasons:
   apart and make it dearer, and the appends' CPU must still show. Appends so
   dear that their run is stopped for its time are named by the kernel's CPU
   figure up to the stop, when it is past the limit (else nothing is judged).
+  A cache whose making alone peaks 3x the live K/V or more (a float mask table
+  of max_len^2 entries: 4.3x in float32, 8.6x in nanoGPT's float64) is judged
+  by memory alone: its making's page faults took 0.3 to 3.2 s of system time
+  from run to run (its user time, 0.2 s), 35 to 370 copies' worth, so the runs'
+  CPU difference counts no copies.
 * ``kv_repeat``: a decode step's process peaks max(1.5, 0.3 (G - 1)) times the
   live K/V or more above the same decode at G = 1 (its twin: the same cache,
   tokens and max_len). A repeat of K alone adds about (G - 1)/2, of K and V
@@ -23,14 +28,14 @@ Nothing is guessed from source. Thresholds, with their reasons:
   can tell the twin and each layout apart (it sees q's heads) and hold as
   much at G = 1, so at every layout (128/8, 64/8, 32/8: 8 KV heads, where a
   gpt-fast mask table of max_len^2 entries is small beside the live K/V) a
-  peak of max(6, 1 + 0.4 G) times the live K/V fails the criterion whatever
+  peak of max(7.5, 1 + 0.4 G) times the live K/V fails the criterion whatever
   the twin holds, without naming a mistake: a repeat of K and V held at once
   peaks 1 + G (9x at G = 8), half of it at a time 1 + G/2 (9x at G = 16).
   Honest code holds about 2x, and up to about 5x with float64 working copies
   of K and V (measured 4.7x) or a float mask table of max_len^2 entries made
   with the cache (3.3x in float32, 4.5x in nanoGPT's float64, at the probes'
-  2,048 tokens), so a repeat at G = 4 alone (5x) cannot be told from it by
-  memory.
+  2,048 tokens), 6.4x with both, so a repeat at G = 4 alone (5x) cannot be
+  told from it by memory.
 * ``max_len_scan``: the same 64 decode steps take at least 4x the CPU time in an
   8x larger reservation (a scan of it was 9x to 50x at these sizes; honest code
   0.8x to 1.3x, and 3.2x was seen on a loaded 2-core machine with 32 steps, for
@@ -56,9 +61,10 @@ from grader.compare import Comparison, StepVerdict, first_failure
 REPEAT_FACTOR = 0.3  # of (G - 1) x the live K/V, above the twin at G = 1: the extra peak that names a repeat
 REPEAT_MIN_EXTRA = 1.5  # ... and never below 1.5x the live K/V
 REPEAT_HELD = 0.4  # of G x the live K/V: a peak that fails at a layout whatever its twin holds ...
-# ... and never below 6x: honest code can hold about 5x (K and V upcast to float64, a contiguous K^T; a mask
-# table). A whole repeat held at once clears it at G = 8 (9x), not at G = 4 (5x).
-REPEAT_HELD_FLOOR = 6.0
+# ... and never below 7.5x: honest code can hold up to about 6.5x (K and V upcast to float64 with a contiguous
+# K^T, 4.7x, beside a float64 mask table of max_len^2 entries: 6.2x to 6.4x, measured). A whole repeat held at
+# once clears it at G = 8 (9x), not at G = 4 (5x); half of one at G = 16 (9x).
+REPEAT_HELD_FLOOR = 7.5
 
 
 def held_bound(G: int) -> float:
@@ -68,6 +74,7 @@ GROWTH_FRACTION = 0.5  # extra peak of the appends, in live K/V, that names grow
 PREFILL_LIMIT = 2.5  # what one prefill adds to the empty cache's peak, in live K/V: the cache, a copy of the input, slack
 GROWTH_COPIES = 150.0  # CPU time of the 300 appends, in copies of the live K/V, that names it too (one in two)
 PREFILL_COPIES = 50.0  # the most CPU time, in copies, subtracted for the prefill alone (honest: a few copies)
+MAKING_HELD = 3.0  # peak of the cache made and left empty, in live K/V, past which the appends' CPU is not judged
 SCAN_RATIO = 4.0  # see the module docstring: between an honest 3.2x under load and a scan's 9x
 MAKING_LIMIT_S = 0.25  # see the module docstring: what making the cache may cost more in the larger reservation
 PROBE_TOLERANCE = 1e-4  # float32 probe outputs against the float64 computation
@@ -84,6 +91,7 @@ class Criterion:
     notes: list[str] = field(default_factory=list)
     caps: str = ""  # the port only: why it caps the tier though no mistake is named (it could not be measured)
     silent: bool = False  # some step returned a wrong output (rather than raising): silently wrong
+    unjudgeable: bool = False  # error: the code ran and measured, but no figure can tell (not the port's fault)
 
 
 def _where(step: StepVerdict) -> str:
@@ -379,6 +387,13 @@ def in_place(runs: list, copy_s: float, explain: list | None = None) -> Criterio
             f"and {max(task.cpu_s - prefill_cpu, 0) * 1e3:.0f} ms CPU (the time of "
             f"{'less than one copy' if shown == 0 else f'about {shown} cop' + ('y' if shown == 1 else 'ies')} of "
             f"the cache; copying it on every append would be about {probe.config['appends']}) beyond the prefill alone")
+    made = _held(empty_probe, empty) / live  # what making the cache alone held at its peak
+    if memory < GROWTH_FRACTION and copies >= GROWTH_COPIES and made >= MAKING_HELD:
+        # Its making faults in pages by seconds that vary from run to run (system time: 0.3 to 3.2 s for
+        # nanoGPT's float64 table here, measured), so the runs' CPU difference is no count of copies.
+        return Criterion(cid, "pass", text + f"; the CPU figure is not judged, as the cache made and left empty "
+                         f"already peaks {made:.1f}x the live K/V (something of max_len^2 entries, such as a mask "
+                         f"table), whose making's time varies by seconds from run to run; memory shows no copy")
     if memory >= GROWTH_FRACTION or copies >= GROWTH_COPIES:
         extra = "; ".join(explain or [])
         return Criterion(cid, "fail", text + ": the cache is copied as it grows"
@@ -533,7 +548,7 @@ def live_length(small, large, check_output: bool = True, appends_copy: bool = Fa
         return Criterion(cid, "error", text + f"; making the cache and the prefill alone cost {making * 1e3:.0f} ms "
                          "more in the larger reservation: not judged, as that cost varies many times over from run "
                          "to run and may be all of the difference (something of max_len's size made with the "
-                         "cache, such as a mask table of max_len^2 entries)")
+                         "cache, such as a mask table of max_len^2 entries)", unjudgeable=True)
     return Criterion(cid, "fail", text + ": attention scans max_len", mistakes=["max_len_scan"])
 
 

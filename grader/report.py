@@ -83,23 +83,26 @@ TIER_STYLE = {Tier.STRONG_HIRE: "bold green", Tier.HIRE: "bold cyan", Tier.WEAK:
 
 def write_json_atomic(path: str, data) -> None:
     """Write ``data`` as JSON to ``path`` through a temporary file and a rename (never half-written)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is for the course staff to read
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=2), suffix=".json")
 
 
-def write_text_atomic(path: str, text: str) -> None:
+def write_text_atomic(path: str, text: str, suffix: str = "") -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename; raises OSError (the temporary file
+    removed) when the folder or the name cannot take it."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=suffix)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is for the course staff to read
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def print_report(report: dict, console=None, rubric=None, audience: str = "hiring") -> None:

@@ -550,3 +550,45 @@ def test_a_batch_writes_one_report_per_hand_back_of_the_same_name(tmp_path):
                      "--quiet"]) == 0
     written = {json.loads((out / n).read_text())["submission"] for n in os.listdir(out) if n.endswith(".json")}
     assert written == {"alice/work", "bob/work"}
+
+
+def test_report_file_names_never_clash_and_fit_a_file_system():
+    """'a/k.py' (folders in its name) beside a hand-back named 'a_k.py', and a 255-byte name: each report
+    gets a file of its own (once, one overwrote the other, and the long one ended the batch)."""
+    names = ["a/k.py", "a_k.py", "b" * 252 + ".py", "c" * 252 + ".py/k.py", "k.py"]
+    files = [report_name(n) for n in names]
+    assert len(set(files)) == len(names)
+    assert files[1] == "a_k.py.json" and files[4] == "k.py.json"  # a plain name keeps its file (--resume)
+    assert all(len(f.encode()) <= 255 and "/" not in f for f in files), files
+
+
+def test_a_class_with_a_name_as_long_as_a_file_system_allows_loses_no_report(tmp_path):
+    from grader import cli
+
+    cls = tmp_path / "class"
+    for name in ("a_first", "b" * 255, "c_last"):  # 255 bytes: the longest name a folder may have
+        (cls / name).mkdir(parents=True)
+        (cls / name / "notes.txt").write_text("no code here\n")  # not graded: nothing runs
+    out = tmp_path / "out"
+    assert cli.main([str(cls), "--out", str(out), "--quiet"]) == 0
+    written = [n for n in os.listdir(out) if n.endswith(".json")]
+    assert len(written) == 3 and not [n for n in os.listdir(out) if n.startswith(".tmp-")], os.listdir(out)
+    assert {json.loads((out / n).read_text())["submission"] for n in written} == {"a_first", "b" * 255, "c_last"}
+
+
+def test_a_live_length_no_figure_can_judge_does_not_fail_the_port():
+    """A gpt-fast port (a mask table made with the cache, SDPA over the live keys) whose making outweighs the
+    decode steps: its live length is not judged, and the port keeps its points (it once scored 0 of 6)."""
+    import types
+
+    import numpy as np
+
+    small, large = ({"max_len": 2100, "decodes": 64, "live": 2040}, {"max_len": 16800, "decodes": 64, "live": 2040})
+    run = lambda config, cpu: (types.SimpleNamespace(config=config), types.SimpleNamespace(  # noqa: E731
+        why=lambda: "", answer={"records": [[]]}, blob=np.zeros(4).tobytes(), cpu_s=cpu), np.zeros(4))
+    unjudged = criteria_mod.live_length(run(small, 0.2), run(large, 0.96),
+                                        bases=(run({**small, "decodes": 0}, 0.03), run({**large, "decodes": 0}, 0.74)))
+    assert unjudged.status == "error" and unjudged.unjudgeable, unjudged.evidence
+    raised = criteria_mod.Criterion("live_length", "error", "the live-length probe (large reservation): raised")
+    assert grade_mod.port_failures([unjudged]) == [] and grade_mod.port_failures([raised]) == [raised]
+    assert grade_mod.port_failures([criteria_mod.Criterion("chunked_prefill", "error", "refused")]) == []
