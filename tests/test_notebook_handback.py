@@ -58,6 +58,14 @@ def _student_copy(answers: dict | None = None, stubs: bool = False):
     return nb
 
 
+def _written(nb, tmp_path, name: str):
+    """``(the notebook written as tmp_path/name, an empty folder to lay it out in)``."""
+    path, work = tmp_path / name, tmp_path / "work"
+    nbformat.write(nb, str(path))
+    work.mkdir()
+    return path, work
+
+
 # One fixture per grading, so that under ``pytest -n`` a worker grades only what its tests read.
 @pytest.fixture(scope="module")
 def solved_report():
@@ -123,10 +131,7 @@ def test_a_stub_nested_too_deep_to_print_is_read_as_written(tmp_path):
     cost = next(c for c in nb.cells if c.metadata.get("kvkit", {}).get("role") == "cost")
     assert "raise NotImplementedError()" in cost.source
     cost.source = cost.source.replace("raise NotImplementedError()", "raise " + "-" * 600 + "NotImplementedError()")
-    path = tmp_path / "deep.ipynb"
-    nbformat.write(nb, path)
-    work = tmp_path / "work"
-    work.mkdir()
+    path, work = _written(nb, tmp_path, "deep.ipynb")
     assert materialize(str(path), str(work)) == ["cost.py", "kv_cache.py"]
 
 
@@ -153,10 +158,7 @@ def test_a_notebook_without_roles_is_one_kv_cache(tmp_path):
     nb = _student_copy()
     for cell in nb.cells:
         cell.metadata.pop("kvkit", None)
-    path = tmp_path / "own.ipynb"
-    nbformat.write(nb, path)
-    work = tmp_path / "work"
-    work.mkdir()
+    path, work = _written(nb, tmp_path, "own.ipynb")
     assert materialize(str(path), str(work)) == ["kv_cache.py"]
     source = (work / "kv_cache.py").read_text(encoding="utf-8")
     assert "def kv_bytes_per_token" in source and "class KVCacheTorch" in source
@@ -172,10 +174,7 @@ def test_a_kit_helper_the_own_tests_import_is_copied_in_but_not_graded(tmp_path)
     nb = _student_copy()
     (run,) = [c for c in nb.cells if _grade_id(c) == "own_check_run"]
     run.source += "\n\n\n" + planting
-    path = tmp_path / "bob.ipynb"
-    nbformat.write(nb, path)
-    work = tmp_path / "work"
-    work.mkdir()
+    path, work = _written(nb, tmp_path, "bob.ipynb")
     files = materialize(str(path), str(work))
     assert "catalogue/mutants.py" not in files and "test_notebook_check.py" in files
     assert (work / "catalogue" / "mutants.py").read_bytes() == Path(catalogue.mutants.__file__).read_bytes()
@@ -199,10 +198,7 @@ def test_a_cell_the_student_added_keeps_its_definitions(tmp_path):
     helper = nbformat.v4.new_code_cell("import math\n\nSCALE = 2\n\ndef my_helper(x):\n    return x * SCALE\n\n"
                                        "print(my_helper(3))\n")
     nb.cells.insert(3, helper)
-    path = tmp_path / "student.ipynb"
-    nbformat.write(nb, str(path))
-    work = tmp_path / "work"
-    work.mkdir()
+    path, work = _written(nb, tmp_path, "student.ipynb")
     materialize(str(path), str(work))
     source = (work / "kv_cache.py").read_text()
     assert "def my_helper(x):" in source and "SCALE = 2" in source and "print(my_helper(3))" not in source
@@ -241,10 +237,7 @@ def test_a_cell_may_open_with_a_future_import(tmp_path, roles):
     if not roles:
         for cell in nb.cells:
             cell.metadata.pop("kvkit", None)
-    path = tmp_path / "future.ipynb"
-    nbformat.write(nb, path)
-    work = tmp_path / "work"
-    work.mkdir()
+    path, work = _written(nb, tmp_path, "future.ipynb")
     materialize(str(path), str(work))
     source = (work / "kv_cache.py").read_text()
     compile(source, "kv_cache.py", "exec")  # the SyntaxError it was
