@@ -128,10 +128,10 @@ def finished_reports(paths: list[str], out_dir: str, changed: list | None = None
     from grader.submission import hand_back_sha256
 
     done = {}
-    names = names or batch_names(paths)
+    files = report_files(paths, names)
     for path in paths:
         try:
-            with open(os.path.join(out_dir, report_name(names[path]))) as f:
+            with open(os.path.join(out_dir, files[path])) as f:
                 previous = json.load(f)
         except (OSError, ValueError):
             continue
@@ -199,6 +199,23 @@ def batch_names(paths: list[str]) -> dict:
 REPORT_NAME_BYTES = 200  # of a report's file name before ".json": a file system allows 255
 
 
+def report_files(paths: list[str], names: dict | None = None) -> dict:
+    """``{path: the file name of its report in --out}``: ``report_name`` of its display name, with ``-2``,
+    ``-3`` ... on the later of hand-backs whose files would be one (the same name but for its case, on a
+    file system that ignores case, or a folder named like another's flattened name and digest)."""
+    names = names or batch_names(paths)
+    files, taken = {}, set()
+    for path in paths:
+        stem = report_name(names[path])[:-len(".json")]
+        file, n = stem + ".json", 1
+        while file.casefold() in taken:
+            n += 1
+            file = f"{stem}-{n}.json"
+        files[path] = file
+        taken.add(file.casefold())
+    return files
+
+
 def report_name(name: str) -> str:
     """The file name the report of a submission of display name ``name`` (``batch_names``) gets in ``--out``:
     the name itself, or, for a name with folders in it or too long for a file name, the name flattened and
@@ -256,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     show_progress = len(todo) > 1 and (args.jobs > 1 or args.quiet)
 
     names = batch_names(paths)
+    files = report_files(paths, names)
     unwritten: list = []
 
     def finished(path, rep):
@@ -264,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         rep["audience"] = args.audience  # what a --resume of this batch takes up
         if args.out:  # written before anything is printed: a rendering failure loses nothing
             try:
-                report_mod.write_json_atomic(os.path.join(args.out, report_name(names[path])), rep)
+                report_mod.write_json_atomic(os.path.join(args.out, files[path]), rep)
             except OSError as exc:  # the disk, not the hand-back: say so, grade the rest, exit 1
                 unwritten.append(path)
                 print(f"kvkit grade: the report of {report_mod.clean(names[path], 200)!r} could not be written "
@@ -329,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         if args.json.endswith(os.sep) or os.path.isdir(args.json):
             for path in paths:
-                report_mod.write_json_atomic(os.path.join(args.json, report_name(names[path])), reports[path])
+                report_mod.write_json_atomic(os.path.join(args.json, files[path]), reports[path])
         else:
             report_mod.write_json_atomic(args.json, ordered)
     if args.markdown:

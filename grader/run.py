@@ -12,11 +12,12 @@ Probe sizes (float32, d = 128 as in released checkpoints):
 * memory: decode at Hq/Hkv = 128/8, 64/8 and 32/8 (Llama 3.1 405B, Llama 3
   70B and 8B: G = 16, 8, 4) and their twin 8/8, with about 16 MiB of live
   K/V (2,048 tokens);
-* growth: 300 one-token appends after a prefill of 32,768 tokens at 8/2 (64
-  MiB live), so a capacity grown in steps of up to 256 tokens reallocates at
-  least once, against the same prefill alone;
-* live length: 32 decode steps at 8,192 live tokens (8/2, d = 64) in a
-  reservation of the live length and in one 8 times larger.
+* growth: 300 one-token appends after a prefill of about 2,048 tokens at 32/8
+  (16 MiB live), so a capacity grown in steps of up to 256 tokens reallocates
+  at least once, against the same prefill alone;
+* live length: 64 decode steps at about 2,048 live tokens (32/8, d = 64) in a
+  reservation of the live length and in one 8 times larger, and each one's
+  cache and prefill alone.
 Lengths move a few percent with the seed.
 """
 from __future__ import annotations
@@ -52,11 +53,13 @@ MEMORY_KV_HEADS = 8
 # same max_len. A repeat adds about G - 1 times the live K/V to the difference; anything the cache keeps
 # whatever the heads (a max_len x max_len mask table, as gpt-fast builds) is in both.
 MEMORY_TOKENS = 2048  # a real context; a mask table of max_len^2 entries stays small beside its K/V
-# The growth and live-length probes at Llama-3-8B's layout (32/8): their caches reach 64 MiB and 8 MiB of
-# K/V in 8,192 and 2,048 tokens, so a mask table of max_len^2 entries stays far below the sandbox's memory.
-# Its making costs little beside the growth probe's copies, but at the live-length probe's larger
-# reservation (about 17,000 tokens) it can outweigh the decode steps: that probe measures it apart.
-GROW = {"Hq": 32, "Hkv": 8, "d": 128, "live_bytes": 64 * MIB, "appends": 300}
+# The growth and live-length probes at Llama-3-8B's layout (32/8): their caches hold 16 MiB and 8 MiB of K/V
+# at 2,048 tokens, so a mask table of max_len^2 entries stays far below the sandbox's memory. Its making
+# faults pages in by a time that varies from run to run: at 2,048 tokens that stays below the growth
+# probe's 150 copies (at 8,192, nanoGPT's float64 table once cost 378 copies' worth), while at the
+# live-length probe's larger reservation (about 17,000 tokens) it can outweigh the decode steps: that
+# probe measures it apart.
+GROW = {"Hq": 32, "Hkv": 8, "d": 128, "live_bytes": 16 * MIB, "appends": 300}
 SCAN = {"Hq": 32, "Hkv": 8, "d": 64, "live_bytes": 8 * MIB, "decodes": 64, "ratio": 8}
 PROBE_D = 128
 OWN_VARIANTS = ["none", mutants.CONTROL] + list(mutants.PLANTED)

@@ -259,7 +259,7 @@ _small_port_append = KVCache.append
 
 
 def _ending_append(self, k_new, v_new, n_new):
-    if self.k.numel() > 4_000_000:  # the probes' sizes: kill the process that runs the tasks
+    if self.k.numel() > 1_000_000:  # the probes' sizes (1 to 9 million): kill the process that runs the tasks
         __import__("os").kill(__import__("os").getppid(), 9)
     _small_port_append(self, k_new, v_new, n_new)
 
@@ -300,7 +300,7 @@ class KVCache:
     v = property(lambda self: self._v)
 
     def _read_k(self):
-        if WHEN_READ and self._appends == 1 and not self._attended and not self._dear and self._k.nbytes >= 16 << 20:
+        if WHEN_READ and self._appends == 1 and not self._attended and not self._dear and self._k.nbytes >= 4 << 20:
             self._dear = True
             for _ in range(300):
                 self._grow(1)

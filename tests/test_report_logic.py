@@ -592,3 +592,17 @@ def test_a_live_length_no_figure_can_judge_does_not_fail_the_port():
     raised = criteria_mod.Criterion("live_length", "error", "the live-length probe (large reservation): raised")
     assert grade_mod.port_failures([unjudged]) == [] and grade_mod.port_failures([raised]) == [raised]
     assert grade_mod.port_failures([criteria_mod.Criterion("chunked_prefill", "error", "refused")]) == []
+
+
+def test_no_two_hand_backs_of_a_batch_share_a_report_file():
+    """A folder named like another's flattened name and digest, or the same name but for its case (one file
+    on a file system that ignores case): the later gets a file of its own (once, it overwrote the other)."""
+    from grader.cli import report_files
+
+    first = "/c/n1/x/k"
+    forged = "/c/q/" + report_name("n1/x/k")[:-len(".json")]  # its folder named as the first one's file
+    paths = [first, "/c/n2/x/k", forged, "/c/Alice", "/c/alice"]
+    files = report_files(paths)
+    assert len({f.casefold() for f in files.values()}) == len(paths), files
+    assert files[first] == report_name("n1/x/k") and files[forged] == report_name("n1/x/k")[:-5] + "-2.json"
+    assert files["/c/Alice"] == "Alice.json" and files["/c/alice"] == "alice-2.json"
