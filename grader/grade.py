@@ -542,9 +542,10 @@ def build_report(name, options, criteria, named, port_named, notes, level, start
     tier, reason = rubric.tier(statuses, sorted(named), capping, {cid: c.evidence for cid, c in criteria.items()},
                                silent={cid for cid, c in criteria.items() if c.silent})
     # An optional section (tier "none") not attempted counts neither for nor against: its points leave
-    # the total, and the other criteria's points are scaled so the total stays max_score.
-    optional_out = {cid for cid, spec in rubric.criteria.items() if spec["tier"] == "none"
-                    and (criteria.get(cid) and criteria[cid].status == "not_attempted")}
+    # the total, and the other criteria's points are scaled so the total stays max_score. So does one that
+    # ran but that no figure can judge (a live length whose cache's making outweighs the decode steps).
+    optional_out = {cid for cid, spec in rubric.criteria.items() if spec["tier"] == "none" and criteria.get(cid)
+                    and (criteria[cid].status == "not_attempted" or criteria[cid].unjudgeable)}
     worth = _scaled_points({cid: 0.0 if cid in optional_out else float(spec["points"])
                             for cid, spec in rubric.criteria.items()}, rubric.max_score)
     crit_list = []

@@ -58,7 +58,7 @@ def _criterion_counts(reports: list[dict]) -> list[tuple[str, str, Counter, int]
             statuses[cid][c.get("status")] += 1
             if not c.get("counted", True) or ("counted" not in c and c.get("status") == "not_attempted"
                                               and c.get("tier") == "none"):
-                statuses[cid]["left_out"] += 1  # an optional section not attempted
+                statuses[cid]["left_out"] += 1  # an optional section not attempted, or one no figure can judge
     return [(cid, titles[cid], statuses[cid], graded[cid]) for cid in order]
 
 

@@ -606,3 +606,16 @@ def test_no_two_hand_backs_of_a_batch_share_a_report_file():
     assert len({f.casefold() for f in files.values()}) == len(paths), files
     assert files[first] == report_name("n1/x/k") and files[forged] == report_name("n1/x/k")[:-5] + "-2.json"
     assert files["/c/Alice"] == "Alice.json" and files["/c/alice"] == "alice-2.json"
+
+
+def test_a_live_length_no_figure_can_judge_counts_neither_for_nor_against():
+    """nanoGPT's mask table made with the cache: its live length cannot be judged, so its points leave the
+    total as an optional section's do, and the honest design scores as the same code without the table."""
+    unjudged = criteria_mod.Criterion("live_length", "error", "not judged: making the cache ...", unjudgeable=True)
+    crits = {**decided(), "live_length": unjudged}
+    r = built(crits)
+    assert r["score"] == pytest.approx(RUBRIC.max_score, abs=0.1) and r["tier"] == "Strong Hire"
+    row = next(c for c in r["criteria"] if c["id"] == "live_length")
+    assert row["counted"] is False and row["max_points"] == 0 and row["status"] == "error"
+    raised = built({**decided(), "live_length": criteria_mod.Criterion("live_length", "error", "probe raised")})
+    assert raised["score"] < RUBRIC.max_score - 1  # a probe that could not run still costs its points
