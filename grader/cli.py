@@ -201,18 +201,24 @@ REPORT_NAME_BYTES = 200  # of a report's file name before ".json": a file system
 
 def report_files(paths: list[str], names: dict | None = None) -> dict:
     """``{path: the file name of its report in --out}``: ``report_name`` of its display name, with ``-2``,
-    ``-3`` ... on the later of hand-backs whose files would be one (the same name but for its case, on a
-    file system that ignores case, or a folder named like another's flattened name and digest)."""
+    ``-3`` ... on the later of hand-backs whose files would be one (the same name but for its case or its
+    Unicode normal form, on a file system that ignores them, or a folder named like another's flattened
+    name and digest)."""
+    import unicodedata
+
+    def folded(file: str) -> str:  # one name to a file system that ignores case and Unicode normal forms
+        return unicodedata.normalize("NFC", file).casefold()
+
     names = names or batch_names(paths)
     files, taken = {}, set()
     for path in paths:
         stem = report_name(names[path])[:-len(".json")]
         file, n = stem + ".json", 1
-        while file.casefold() in taken:
+        while folded(file) in taken:
             n += 1
             file = f"{stem}-{n}.json"
         files[path] = file
-        taken.add(file.casefold())
+        taken.add(folded(file))
     return files
 
 

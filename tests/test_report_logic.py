@@ -606,6 +606,8 @@ def test_no_two_hand_backs_of_a_batch_share_a_report_file():
     assert len({f.casefold() for f in files.values()}) == len(paths), files
     assert files[first] == report_name("n1/x/k") and files[forged] == report_name("n1/x/k")[:-5] + "-2.json"
     assert files["/c/Alice"] == "Alice.json" and files["/c/alice"] == "alice-2.json"
+    composed, decomposed = "/x/caf\u00e9", "/y/cafe\u0301"  # one name to macOS's file systems
+    assert report_files([composed, decomposed])[decomposed].endswith("-2.json")
 
 
 def test_a_live_length_no_figure_can_judge_counts_neither_for_nor_against():
