@@ -126,7 +126,10 @@ except OSError:
     # One task far past its time, the others quick: many one-token appends to a long row (the growth
     # probe) each sleep, as a cache copied on every append takes minutes there on a loaded machine.
     "slow_growth_probe": WRAP_APPEND.format(
-        act="self._ones = getattr(self, '_ones', 0) + (int(np.max(self.lens, initial=0)) > 6000 and k_new.shape[2] == 1)\n"
+        # one-token appends past the growth probe's prefill (about 2,048 tokens, d = 128; the live-length
+        # probes' have d = 64, the memory probes' append once)
+        act="self._ones = getattr(self, '_ones', 0) + (int(np.max(self.lens, initial=0)) > 1500 and k_new.shape[2] == 1"
+            " and k_new.shape[3] == 128)\n"
             "    if self._ones > 50:\n        __import__('time').sleep(0.2)"),
 }
 
