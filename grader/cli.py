@@ -117,9 +117,10 @@ def finished_reports(paths: list[str], out_dir: str, changed: list | None = None
     """``{path: report}`` for the submissions whose report in ``out_dir`` is finished, graded, and of the
     hand-back as it is now.
 
-    Only a whole report of this schema with ``status: graded`` counts: a
-    ``not_graded`` or ``grader_error`` report, a half-written or foreign file
-    is graded again by ``--resume``, and so is a hand-back whose files differ
+    Only a whole report of this schema with ``status: graded`` and this
+    hand-back's name counts: a ``not_graded`` or ``grader_error`` report, a
+    half-written or foreign file, another hand-back's report (the batch's names
+    moved since) is graded again by ``--resume``, and so is a hand-back whose files differ
     from those its report graded (``hand_back_sha256``: a student handed in
     again), which ``changed``, when given, lists.
     """
@@ -128,6 +129,7 @@ def finished_reports(paths: list[str], out_dir: str, changed: list | None = None
     from grader.submission import hand_back_sha256
 
     done = {}
+    names = names or batch_names(paths)
     files = report_files(paths, names)
     for path in paths:
         try:
@@ -136,6 +138,8 @@ def finished_reports(paths: list[str], out_dir: str, changed: list | None = None
         except (OSError, ValueError):
             continue
         if not (isinstance(previous, dict) and previous.get("schema") == SCHEMA and previous.get("status") == "graded"):
+            continue
+        if previous.get("submission") != names[path]:  # another hand-back's (the batch's names moved since)
             continue
         if previous.get("hand_back_sha256") != hand_back_sha256(path):
             if changed is not None:

@@ -93,7 +93,8 @@ def write_text_atomic(path: str, text: str, suffix: str = "") -> None:
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=suffix)
     try:
-        with os.fdopen(fd, "w") as f:
+        # A file name that is not UTF-8 (Linux allows any bytes) reaches here as a lone surrogate: escaped.
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
             f.write(text)
         os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is for the course staff to read
         os.replace(tmp, path)

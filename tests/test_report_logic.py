@@ -129,7 +129,8 @@ def test_resume_keeps_only_finished_graded_reports_of_the_hand_back_as_it_is(tmp
     (out / report_name(os.path.basename(paths[2]))).write_text(json.dumps(report.ungraded("c", 1, RUBRIC, "x", "grader_error")))
     (out / report_name(os.path.basename(paths[3]))).write_text('{"schema": "kvkit.report/1", "status": "gra')  # cut short
     for path in paths[5:]:  # graded, then handed in again with one character changed
-        (out / report_name(os.path.basename(path))).write_text(json.dumps({**graded("f", "Weak"), "hand_back_sha256": hand_back_sha256(path)}))
+        (out / report_name(os.path.basename(path))).write_text(json.dumps({**graded(os.path.basename(path), "Weak"),
+                                                                             "hand_back_sha256": hand_back_sha256(path)}))
     open(paths[5], "w").write("x = 2\n")
     open(os.path.join(paths[6], "kv_cache.py"), "w").write("x = 2\n")
     changed: list = []
@@ -621,3 +622,34 @@ def test_a_live_length_no_figure_can_judge_counts_neither_for_nor_against():
     assert row["counted"] is False and row["max_points"] == 0 and row["status"] == "error"
     raised = built({**decided(), "live_length": criteria_mod.Criterion("live_length", "error", "probe raised")})
     assert raised["score"] < RUBRIC.max_score - 1  # a probe that could not run still costs its points
+
+
+def test_resume_keeps_no_report_of_another_hand_back(tmp_path):
+    """A late hand-back 'A' beside 'a' and 'a-2' moves the files' suffixes: 'a' now reads the file that held
+    'a-2''s report, of the same files. A kept report counts only under its own hand-back's name (once, 'a-2'
+    was listed twice and 'a' not at all)."""
+    from grader.cli import report_files
+    from grader.submission import hand_back_sha256
+
+    cls, out = tmp_path / "class", tmp_path / "out"
+    out.mkdir()
+    for name in ("a", "a-2", "A"):
+        (cls / name).mkdir(parents=True)
+        (cls / name / "kv_cache.py").write_text("x = 1\n")  # the same files in each
+    before = [str(cls / n) for n in ("a", "a-2")]
+    for path, file in report_files(before).items():  # the first run's files, before 'A' came
+        (out / file).write_text(json.dumps({**graded(os.path.basename(path), "Hire"),
+                                            "hand_back_sha256": hand_back_sha256(path)}))
+    now = [str(cls / n) for n in ("A", "a", "a-2")]
+    kept = finished_reports(now, str(out))
+    assert all(r["submission"] == os.path.basename(p) for p, r in kept.items()), kept
+    assert str(cls / "a") not in kept  # its file now is a-2's old one
+
+
+def test_a_hand_back_name_that_is_not_utf8_is_written_escaped(tmp_path):
+    """Linux allows any bytes in a name; Python reads them as lone surrogates. The summaries are written
+    with them escaped (once, the batch ended with a UnicodeEncodeError before summary.md)."""
+    bad = report.ungraded("bad\udcff", 1, RUBRIC, "no kv_cache.py")  # listed by name under "Not graded"
+    summary.write([bad, graded("ok", "Weak")], str(tmp_path))
+    assert "bad\\udcff" in (tmp_path / "summary.md").read_text(encoding="utf-8")
+    assert "bad\\udcff" in (tmp_path / "grades.csv").read_text(encoding="utf-8")
