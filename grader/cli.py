@@ -141,12 +141,28 @@ def finished_reports(paths: list[str], out_dir: str, changed: list | None = None
             continue
         if previous.get("submission") != names[path]:  # another hand-back's (the batch's names moved since)
             continue
+        if not _well_formed(previous):  # edited by hand, or by another tool: the summaries could not read it
+            continue
         if previous.get("hand_back_sha256") != hand_back_sha256(path):
             if changed is not None:
                 changed.append(path)
             continue
         done[path] = previous
     return done
+
+
+def _well_formed(report: dict) -> bool:
+    """Whether a kept report has the fields the summaries read, of their types: a tier of the rubric, a
+    number for its score, criteria each with a text id and status, lists of mistake ids."""
+    from grader.rubric import TIERS
+
+    texts = lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)  # noqa: E731
+    criteria = report.get("criteria")
+    return (report.get("tier") in TIERS and isinstance(report.get("score"), (int, float))
+            and not isinstance(report.get("score"), bool) and isinstance(criteria, list)
+            and all(isinstance(c, dict) and isinstance(c.get("id"), str) and isinstance(c.get("status"), str)
+                    for c in criteria)
+            and all(texts(report.get(key, [])) for key in ("mistakes", "numpy_mistakes", "port_mistakes")))
 
 
 def _resume(args, paths: list[str]) -> dict:

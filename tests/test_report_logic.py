@@ -653,3 +653,23 @@ def test_a_hand_back_name_that_is_not_utf8_is_written_escaped(tmp_path):
     summary.write([bad, graded("ok", "Weak")], str(tmp_path))
     assert "bad\\udcff" in (tmp_path / "summary.md").read_text(encoding="utf-8")
     assert "bad\\udcff" in (tmp_path / "grades.csv").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("edit", [{"tier": "hire"}, {"tier": None}, {"criteria": 5}, {"criteria": [{}]},
+                                  {"numpy_mistakes": 5}, {"score": "80"}])
+def test_resume_grades_again_a_kept_report_edited_out_of_shape(tmp_path, edit):
+    """A kept report edited by hand (a lowercase tier, criteria that are not a list): the summaries could not
+    read it, and the batch once ended before grades.csv. It is graded again, and every summary is written."""
+    from grader import cli
+    from grader.submission import hand_back_sha256
+
+    cls, out = tmp_path / "class", tmp_path / "out"
+    for name in ("alice", "bob"):
+        (cls / name).mkdir(parents=True)
+        (cls / name / "notes.txt").write_text("no code here\n")  # not graded: nothing runs
+    out.mkdir()
+    kept = {**graded("alice", "Hire"), "hand_back_sha256": hand_back_sha256(str(cls / "alice")), **edit}
+    (out / "alice.json").write_text(json.dumps(kept))
+    assert cli.main([str(cls), "--out", str(out), "--resume", "--quiet"]) == 0
+    assert {"summary.md", "summary.csv", "grades.csv"} <= set(os.listdir(out))
+    assert json.loads((out / "alice.json").read_text())["status"] == "not_graded"  # graded again
