@@ -76,7 +76,7 @@ def ungraded(name: str, seed: int, rubric, reason: str, status: str = "not_grade
     report.update(extra)
     return report
 
-MARK = {"pass": "PASS", "fail": "FAIL", "not_attempted": "----", "error": "ERR "}
+MARK = {"pass": "PASS", "fail": "FAIL", "not_attempted": "----", "error": "N/M "}  # not measured: the check could not be made (not the grader failing)
 STYLE = {"pass": "green", "fail": "red", "not_attempted": "dim", "error": "yellow"}
 TIER_STYLE = {Tier.STRONG_HIRE: "bold green", Tier.HIRE: "bold cyan", Tier.WEAK: "bold red"}
 

@@ -673,3 +673,16 @@ def test_resume_grades_again_a_kept_report_edited_out_of_shape(tmp_path, edit):
     assert cli.main([str(cls), "--out", str(out), "--resume", "--quiet"]) == 0
     assert {"summary.md", "summary.csv", "grades.csv"} <= set(os.listdir(out))
     assert json.loads((out / "alice.json").read_text())["status"] == "not_graded"  # graded again
+
+
+def test_the_terminal_marks_a_check_that_could_not_be_measured_as_not_measured():
+    """'ERR' read as the grader failing (a new user's reading); the check was not measured, and says why."""
+    import io
+
+    from rich.console import Console
+
+    r = built(decided({"live_length": ("error", "not judged: making the cache costs too much")}))
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    report.print_report(r, console, RUBRIC)
+    row = next(line for line in console.file.getvalue().splitlines() if "live length" in line)
+    assert row.lstrip().startswith("N/M") and "ERR" not in row, row
