@@ -1,10 +1,13 @@
 """The own-tests criterion reads each variant's run as data, and says "error" (never "fail") when pytest
-did not finish there; the zygote that runs the variants side by side never closes a task's own pipe."""
+did not finish there; the zygote that runs the variants side by side never closes a task's own pipe, and
+every task it forks allocates as a fresh process would, whatever the zygote freed before."""
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -99,6 +102,48 @@ def test_a_task_process_keeps_its_own_pipe_whatever_the_zygote_still_lists():
             os.close(fd)
     assert stopped == "" and waited is not None
     assert answer == b"answer"
+
+
+# In a process of its own (the allocator's state is per process): the zygote frees a large block, as after
+# reading a large answer, then forks a task that makes a 9 MiB zeroed buffer (a cache's K or V) and prints
+# how much of it the task has written (private dirty KiB: the memory a cgroup charges to the task).
+_ALLOCATOR_SCRIPT = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("z", sys.argv[1])
+z = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(z)
+if sys.argv[2] == "fixed":
+    z._fixed_malloc()
+import numpy as np
+def dirty_kib():
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Private_Dirty:"))
+big = bytes(24 << 20); del big
+held = bytearray(20 << 20); del held
+pid = os.fork()
+if pid == 0:
+    before = dirty_kib()
+    buffer = np.zeros(9 << 20, dtype=np.uint8)
+    print(dirty_kib() - before, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux's /proc/self/smaps_rollup")
+def test_a_task_allocates_as_a_fresh_process_whatever_the_zygote_freed_before():
+    """glibc moves its mmap threshold to each large block freed, and a forked task inherits it: the task
+    then takes a zeroed buffer from the heap and writes every page of it. The zygote fixes the threshold."""
+    path = os.path.join(ROOT, "grader", "child", "zygote.py")
+    written = {}
+    for mode in ("moving", "fixed"):
+        done = subprocess.run([sys.executable, "-c", _ALLOCATOR_SCRIPT, path, mode], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        written[mode] = int(done.stdout.strip()) / 1024
+    if written["moving"] < 8:
+        pytest.skip(f"this C library keeps no moving mmap threshold (the zeroed buffer wrote {written['moving']:.1f} MiB)")
+    assert written["fixed"] < 1, written
 
 
 def _scan_run(max_len: int, cpu_s: float, decodes: int = 32):
