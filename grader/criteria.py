@@ -12,8 +12,8 @@ Nothing is guessed from source. Thresholds, with their reasons:
   side: the in-place examples up to +0.23x and 36 copies, the cache that
   grows in capacity steps +1.0x to +1.1x, the concatenating one +0.64x and
   1,074 to 1,293 copies; a copy timed by the wall clock had once shrunk the
-  last to 90. The memory figures hold only because every task allocates as a
-  fresh process would: ``grader.child.zygote`` fixes glibc's mmap threshold;
+  last to 90. The memory figures hold only because every task allocates the same
+  way, whatever ran before it: ``grader.child.zygote`` fixes glibc's mmap threshold;
   left to move, it put an in-place cache at +0.9x in one run of four). The
   run of the prefill alone, subtracted from the appends' run, counts for at
   most 50 copies: it ends differently, so a cache can tell it apart and make
@@ -40,16 +40,22 @@ Nothing is guessed from source. Thresholds, with their reasons:
   with the cache (3.3x in float32, 4.5x in nanoGPT's float64, at the probes'
   2,048 tokens), 6.4x with both, so a repeat at G = 4 alone (5x) cannot be
   told from it by memory.
-* ``max_len_scan``: the same 64 decode steps take at least 4x the CPU time in an
-  8x larger reservation (a scan of it was 9x to 50x at these sizes; honest code
-  0.8x to 1.3x, and 3.2x was seen on a loaded 2-core machine with 32 steps, for
-  a cache that touches all of its reservation when it is made: more steps keep
-  that one-time cost small beside theirs). A cache whose making (with the
-  prefill, run alone in each reservation) costs more than 0.25 s more in the
-  larger one is not judged: a table of max_len^2 entries made with the cache
-  (gpt-fast's mask) costs 0.8 to 9 s there, from run to run of the same code
-  (page faults), beside 0.1 s of decode steps, so no figure tells the steps'
-  time apart; a cache without one differs by 0.06 s at most (measured).
+* ``max_len_scan``: the same 64 decode steps take at least 3x the CPU time in an
+  8x larger reservation, each run's cache and prefill (run alone in the same
+  reservation) taken off. The reservation past the live tokens was never
+  written, so a scan reads the kernel's zero page there, cheaply: the scanning
+  examples measured 4.8x to 9.9x (4.1x to 7.8x for the whole runs, below 4x
+  once in CI), the honest ones 0.6x to 1.5x, every example graded in four
+  batches, two of them side by side. Taking the making off keeps a cache that zeroes its whole
+  reservation when made (torch.zeros, as gpt-fast) at its decode steps' ratio.
+  A cache whose making costs more than 0.25 s more in the larger one is not
+  judged: a table of max_len^2 entries made with the cache (gpt-fast's mask)
+  costs 0.8 to 9 s there, from run to run of the same code (page faults),
+  beside 0.1 s of decode steps, so no figure tells the steps' time apart; a
+  cache without one differs by 0.06 s at most (measured). Code that can tell
+  the larger reservation's making run apart can spend up to that 0.25 s
+  there, taken off its decode steps: wasted time can hide a cheap scan, as
+  docs/security.md says.
 
 Memory and CPU figures are the kernel's, taken from outside the submission's
 process (``grader.sandbox.launch``).
@@ -78,7 +84,7 @@ GROWTH_FRACTION = 0.5  # extra peak of the appends, in live K/V, that names grow
 PREFILL_LIMIT = 2.5  # what one prefill adds to the empty cache's peak, in live K/V: the cache, a copy of the input, slack
 GROWTH_COPIES = 150.0  # CPU time of the 300 appends, in copies of the live K/V, that names it too (one in two)
 PREFILL_COPIES = 50.0  # the most CPU time, in copies, subtracted for the prefill alone (honest: a few copies)
-SCAN_RATIO = 4.0  # see the module docstring: between an honest 3.2x under load and a scan's 9x
+SCAN_RATIO = 3.0  # see the module docstring: between honest decode steps' 1.5x and a scan's 4.8x or more
 MAKING_LIMIT_S = 0.25  # see the module docstring: what making the cache may cost more in the larger reservation
 PROBE_TOLERANCE = 1e-4  # float32 probe outputs against the float64 computation
 
@@ -509,13 +515,16 @@ def live_length(small, large, check_output: bool = True, appends_copy: bool = Fa
     ``small`` and ``large`` are ``(probe, task, expected)``; the figure is the
     kernel's CPU time of each process (same imports, same tokens, same steps).
     ``bases`` are the same for each reservation's cache and prefill without the
-    decode steps: where making the cache costs more than ``MAKING_LIMIT_S``
-    more in the larger one, its cost (which varies many times over from run to
-    run) may be all of the difference, and nothing is judged. ``appends_copy``:
-    the growth probe found appends that copy the cache. Each decode step here
-    appends its token first, so a slower large reservation may be the appends
-    copying it: ``max_len_scan`` is then not named (the criterion errors,
-    saying why).
+    decode steps: each is taken off its run, so that the ratio is the decode
+    steps' own (the small base at most half its run: a figure below that is
+    noise). Where making the cache costs more than ``MAKING_LIMIT_S`` more in
+    the larger one, that cost (which varies many times over from run to run)
+    may be all of the difference, or hide it, and nothing is judged. Without a base's
+    figure only a ratio of the whole runs below ``SCAN_RATIO`` is judged (a
+    pass). ``appends_copy``: the growth probe found appends that copy the cache.
+    Each decode step here appends its token first, so a slower large
+    reservation may be the appends copying it: ``max_len_scan`` is then not
+    named (the criterion errors, saying why).
     """
     cid = "live_length"
     for label, (probe, task, expected) in (("small", small), ("large", large)):
@@ -524,27 +533,39 @@ def live_length(small, large, check_output: bool = True, appends_copy: bool = Fa
             return Criterion(cid, "error", f"the live-length probe ({label} reservation): {why}")
     (p_small, t_small, _), (p_large, t_large, _) = small, large
     factor = p_large.config["max_len"] // max(p_small.config["max_len"], 1)
-    ratio = t_large.cpu_s / t_small.cpu_s if t_small.cpu_s > 0 else float("inf")
+    whole = t_large.cpu_s / t_small.cpu_s if t_small.cpu_s > 0 else float("inf")
     text = (f"{p_small.config['decodes']} decode steps at {p_small.config['live']:,} live tokens: "
             f"{t_large.cpu_s * 1e3:.0f} ms CPU in a {factor}x larger reservation vs {t_small.cpu_s * 1e3:.0f} ms "
-            f"({ratio:.1f}x)")
+            f"({whole:.1f}x)")
+    missing = []
+    for label, base in zip(("small", "large"), bases):
+        why = probe_failure(base[1], base[0].config, base[2]) if base else "it was not planned"
+        if why:
+            missing.append(f"making the cache and the prefill alone in the {label} reservation gave no figure "
+                           f"({why}) to tell the decode steps' time from")
+    if missing:
+        if whole < SCAN_RATIO:
+            return Criterion(cid, "pass", text)
+        return Criterion(cid, "error", text + ": not judged, as " + missing[0])
+    small_base, large_base = bases[0][1].cpu_s, bases[1][1].cpu_s
+    small_steps = t_small.cpu_s - min(small_base, t_small.cpu_s / 2)
+    large_steps = max(t_large.cpu_s - large_base, 0.0)
+    ratio = large_steps / small_steps if small_steps > 0 else float("inf")
+    text += (f"; the decode steps alone (each reservation's cache and prefill, run alone, taken off): "
+             f"{large_steps * 1e3:.0f} ms vs {small_steps * 1e3:.0f} ms ({ratio:.1f}x)")
+    making = large_base - small_base
+    if making > MAKING_LIMIT_S:
+        # Neither way: the run with decode steps made its cache again, at a cost that varies many times over.
+        return Criterion(cid, "error", text + f"; making the cache and the prefill alone cost {making * 1e3:.0f} ms "
+                         "more in the larger reservation: not judged, as that cost varies many times over from run "
+                         "to run and may be all of the difference (something of max_len's size made with the "
+                         "cache, such as a mask table of max_len^2 entries)", unjudgeable=True)
     if ratio < SCAN_RATIO:
         return Criterion(cid, "pass", text)
     if appends_copy:
         return Criterion(cid, "error", text + ": not judged, as the appends copy the cache (see the in-place "
                          "criterion) and each step appends a token, a scan of max_len by the attention cannot be "
                          "timed apart")
-    for label, base in zip(("small", "large"), bases):
-        why = probe_failure(base[1], base[0].config, base[2]) if base else "it was not planned"
-        if why:
-            return Criterion(cid, "error", text + f": not judged, as making the cache and the prefill alone in the "
-                             f"{label} reservation gave no figure ({why}) to tell the decode steps' time from")
-    making = bases[1][1].cpu_s - bases[0][1].cpu_s
-    if making > MAKING_LIMIT_S:
-        return Criterion(cid, "error", text + f"; making the cache and the prefill alone cost {making * 1e3:.0f} ms "
-                         "more in the larger reservation: not judged, as that cost varies many times over from run "
-                         "to run and may be all of the difference (something of max_len's size made with the "
-                         "cache, such as a mask table of max_len^2 entries)", unjudgeable=True)
     return Criterion(cid, "fail", text + ": attention scans max_len", mistakes=["max_len_scan"])
 
 

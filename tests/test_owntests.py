@@ -1,6 +1,6 @@
 """The own-tests criterion reads each variant's run as data, and says "error" (never "fail") when pytest
 did not finish there; the zygote that runs the variants side by side never closes a task's own pipe, and
-every task it forks allocates as a fresh process would, whatever the zygote freed before."""
+every task it forks allocates the same way, whatever the zygote freed before."""
 from __future__ import annotations
 
 import importlib.util
@@ -131,7 +131,7 @@ os.waitpid(pid, 0)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux's /proc/self/smaps_rollup")
-def test_a_task_allocates_as_a_fresh_process_whatever_the_zygote_freed_before():
+def test_a_task_allocates_the_same_way_whatever_the_zygote_freed_before():
     """glibc moves its mmap threshold to each large block freed, and a forked task inherits it: the task
     then takes a zeroed buffer from the heap and writes every page of it. The zygote fixes the threshold."""
     path = os.path.join(ROOT, "grader", "child", "zygote.py")
@@ -176,7 +176,9 @@ def test_a_slow_large_reservation_names_max_len_scan_only_when_the_appends_do_no
     (1.38, (0.015, 0.041), "fail"),  # a scan of max_len with a cheap cache (the max_len_scan example, measured)
     (1.22, (0.027, 0.083), "fail"),  # ... with the widest gap between the two cheap bases seen (56 ms)
     (0.18, (0.022, 0.027), "pass"),  # honest
-    (0.30, (0.030, 2.000), "pass"),  # honest whatever the bases: the decode run itself is not 4x slower
+    (0.30, (0.030, 2.000), "error"),  # the making alone dearer than the whole run: no figure holds, either way
+    (0.47, (0.020, 0.240), "pass"),  # a cache zeroed whole when made, cheap steps: 3.1x whole, 1.8x the steps alone
+    (0.55, (0.025, 0.016), "fail"),  # a scan on a loaded machine: 3.7x whole (below the old 4x), 4.3x the steps alone
 ])
 def test_a_slow_large_reservation_is_judged_only_where_making_the_cache_costs_little_more(large, bases, status):
     """A cache that builds a table of max_len^2 entries when made (gpt-fast) is slow in the large reservation
@@ -189,6 +191,7 @@ def test_a_slow_large_reservation_is_judged_only_where_making_the_cache_costs_li
     assert crit.mistakes == (["max_len_scan"] if status == "fail" else []), crit.evidence
     if status == "error":
         assert "more in the larger reservation" in crit.evidence and "mask table" in crit.evidence
+        assert crit.unjudgeable, crit.evidence
 
 
 def test_a_scan_is_not_judged_without_each_reservations_making_alone():
@@ -200,6 +203,9 @@ def test_a_scan_is_not_judged_without_each_reservations_making_alone():
     assert (crit.status, crit.mistakes) == ("error", []) and "it ran past its time" in crit.evidence
     crit = criteria.live_length(_scan_run(2100, 0.15), _scan_run(8 * 2100, 1.4))  # not planned
     assert (crit.status, crit.mistakes) == ("error", [])
+    # Whole runs about as dear in both reservations pass without them: no base could make the steps 3x dearer.
+    crit = criteria.live_length(_scan_run(2100, 0.15), _scan_run(8 * 2100, 0.18), bases=(small_base, large_base))
+    assert crit.status == "pass", crit.evidence
 
 
 def test_the_first_failure_is_shown_whole_with_short_numbers():

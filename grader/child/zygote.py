@@ -55,13 +55,16 @@ MMAP_THRESHOLD = 128 * 1024  # glibc's own starting value: what a fresh process 
 
 
 def _fixed_malloc() -> None:
-    """Fix glibc's mmap threshold, so that every task allocates as a fresh process would, whatever came before.
+    """Fix glibc's mmap threshold at its starting value, so that every task allocates the same way, whatever the
+    zygote allocated and freed before its fork.
 
     glibc raises the threshold to the size of each large block freed (up to 32 MiB), and a forked task
     inherits it. Once the zygote had read one large answer (the hidden trials' outputs), the tasks forked
     after it took their K/V buffers from the heap, where calloc writes every page, and peaked about 1x the
     live K/V above the same code forked before it: the growth figure of an in-place cache read +0.9x in one
-    run of four. Set explicitly, the threshold no longer moves (mallopt(3): M_MMAP_THRESHOLD)."""
+    run of four, and a decode with large temporaries cost up to 4x the CPU time in one reservation as in the
+    other. Set explicitly, the threshold no longer moves (mallopt(3): M_MMAP_THRESHOLD), in the zygote or
+    in a task: each large block is mapped when made and unmapped when freed."""
     try:
         import ctypes
 
