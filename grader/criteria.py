@@ -41,21 +41,23 @@ Nothing is guessed from source. Thresholds, with their reasons:
   2,048 tokens), 6.4x with both, so a repeat at G = 4 alone (5x) cannot be
   told from it by memory.
 * ``max_len_scan``: the same 64 decode steps take at least 3x the CPU time in an
-  8x larger reservation, each run's cache and prefill (run alone in the same
-  reservation) taken off. The reservation past the live tokens was never
-  written, so a scan reads the kernel's zero page there, cheaply: the scanning
-  examples measured 4.8x to 9.9x (4.1x to 7.8x for the whole runs, below 4x
-  once in CI), the honest ones 0.6x to 1.5x, every example graded in four
-  batches, two of them side by side. Taking the making off keeps a cache that zeroes its whole
-  reservation when made (torch.zeros, as gpt-fast) at its decode steps' ratio.
-  A cache whose making costs more than 0.25 s more in the larger one is not
-  judged: a table of max_len^2 entries made with the cache (gpt-fast's mask)
-  costs 0.8 to 9 s there, from run to run of the same code (page faults),
-  beside 0.1 s of decode steps, so no figure tells the steps' time apart; a
-  cache without one differs by 0.06 s at most (measured). Code that can tell
-  the larger reservation's making run apart can spend up to that 0.25 s
-  there, taken off its decode steps: wasted time can hide a cheap scan, as
-  docs/security.md says.
+  8x larger reservation, the cheaper of two runs of each (what else runs on
+  the machine only adds CPU time: an honest cache's larger run once took 2.8x
+  its smaller one), the larger reservation's cache and prefill (run alone)
+  taken off, so that a cache zeroed whole when made (torch.zeros, as gpt-fast)
+  is judged by its decode steps. The reservation past the live tokens was
+  never written, so a scan reads the kernel's zero page there, cheaply: the
+  scanning examples measured 5.0x to 6.0x (single whole runs 4.1x to 7.8x,
+  below 4x once in CI), the honest ones 0.8x to 1.4x, every example graded
+  in two batches side by side (seeds 101 and 404). A cache whose making costs more
+  than 0.25 s more in the larger reservation is not judged: a table of
+  max_len^2 entries made with the cache (gpt-fast's mask) costs 0.8 to 9 s
+  there, from run to run of the same code (page faults), beside 0.1 s of
+  decode steps, so no figure tells the steps' time apart; a cache without one
+  differs by 0.06 s at most (measured). Code that can tell the larger
+  reservation's making run apart can spend up to that 0.25 s there, taken off
+  its decode steps: wasted time can hide a cheap scan, as docs/security.md
+  says.
 
 Memory and CPU figures are the kernel's, taken from outside the submission's
 process (``grader.sandbox.launch``).
@@ -84,7 +86,7 @@ GROWTH_FRACTION = 0.5  # extra peak of the appends, in live K/V, that names grow
 PREFILL_LIMIT = 2.5  # what one prefill adds to the empty cache's peak, in live K/V: the cache, a copy of the input, slack
 GROWTH_COPIES = 150.0  # CPU time of the 300 appends, in copies of the live K/V, that names it too (one in two)
 PREFILL_COPIES = 50.0  # the most CPU time, in copies, subtracted for the prefill alone (honest: a few copies)
-SCAN_RATIO = 3.0  # see the module docstring: between honest decode steps' 1.5x and a scan's 4.8x or more
+SCAN_RATIO = 3.0  # see the module docstring: between honest code's 1.4x and a scan's 5x
 MAKING_LIMIT_S = 0.25  # see the module docstring: what making the cache may cost more in the larger reservation
 PROBE_TOLERANCE = 1e-4  # float32 probe outputs against the float64 computation
 
@@ -512,26 +514,35 @@ def _lens_moved(step: StepVerdict) -> str:
 def live_length(small, large, check_output: bool = True, appends_copy: bool = False, bases=(None, None)) -> Criterion:
     """The same decode steps in a reservation of the live length and in one ``SCAN["ratio"]`` times larger.
 
-    ``small`` and ``large`` are ``(probe, task, expected)``; the figure is the
-    kernel's CPU time of each process (same imports, same tokens, same steps).
-    ``bases`` are the same for each reservation's cache and prefill without the
-    decode steps: each is taken off its run, so that the ratio is the decode
-    steps' own (the small base at most half its run: a figure below that is
-    noise). Where making the cache costs more than ``MAKING_LIMIT_S`` more in
-    the larger one, that cost (which varies many times over from run to run)
-    may be all of the difference, or hide it, and nothing is judged. Without a base's
-    figure only a ratio of the whole runs below ``SCAN_RATIO`` is judged (a
-    pass). ``appends_copy``: the growth probe found appends that copy the cache.
-    Each decode step here appends its token first, so a slower large
-    reservation may be the appends copying it: ``max_len_scan`` is then not
-    named (the criterion errors, saying why).
+    ``small`` and ``large`` are ``(probe, task, expected)``, or lists of such
+    runs of one reservation (alike: the cheapest counts, as what else runs on
+    the machine only adds CPU time); the figure is the kernel's CPU time of
+    each process (same imports, same tokens, same steps). ``bases`` are the
+    same for each reservation's cache and prefill without the decode steps:
+    the larger one's is taken off the larger run, so that a cache dearer to
+    make in a larger reservation (zeroed whole, as torch.zeros does) is judged
+    by its decode steps (the smaller run keeps its own, a few tens of ms: a
+    ratio only lower for it). Where making the cache costs more than
+    ``MAKING_LIMIT_S`` more in the larger one, that cost (which varies many
+    times over from run to run) may be all of the difference, or hide it, and
+    nothing is judged. Without a base's figure only a ratio of the whole runs
+    below ``SCAN_RATIO`` is judged (a pass). ``appends_copy``: the growth probe
+    found appends that copy the cache. Each decode step here appends its token
+    first, so a slower large reservation may be the appends copying it:
+    ``max_len_scan`` is then not named (the criterion errors, saying why).
     """
     cid = "live_length"
-    for label, (probe, task, expected) in (("small", small), ("large", large)):
-        why = probe_failure(task, probe.config, expected, check_output)
-        if why:
-            return Criterion(cid, "error", f"the live-length probe ({label} reservation): {why}")
-    (p_small, t_small, _), (p_large, t_large, _) = small, large
+    cheapest = {}
+    for label, runs in (("small", small), ("large", large)):
+        runs = runs if isinstance(runs, list) else [runs]
+        if not runs:
+            return Criterion(cid, "error", f"the live-length probe ({label} reservation) was not planned")
+        for probe, task, expected in runs:
+            why = probe_failure(task, probe.config, expected, check_output)
+            if why:
+                return Criterion(cid, "error", f"the live-length probe ({label} reservation): {why}")
+        cheapest[label] = min(runs, key=lambda run: run[1].cpu_s)
+    (p_small, t_small, _), (p_large, t_large, _) = cheapest["small"], cheapest["large"]
     factor = p_large.config["max_len"] // max(p_small.config["max_len"], 1)
     whole = t_large.cpu_s / t_small.cpu_s if t_small.cpu_s > 0 else float("inf")
     text = (f"{p_small.config['decodes']} decode steps at {p_small.config['live']:,} live tokens: "
@@ -548,11 +559,10 @@ def live_length(small, large, check_output: bool = True, appends_copy: bool = Fa
             return Criterion(cid, "pass", text)
         return Criterion(cid, "error", text + ": not judged, as " + missing[0])
     small_base, large_base = bases[0][1].cpu_s, bases[1][1].cpu_s
-    small_steps = t_small.cpu_s - min(small_base, t_small.cpu_s / 2)
     large_steps = max(t_large.cpu_s - large_base, 0.0)
-    ratio = large_steps / small_steps if small_steps > 0 else float("inf")
-    text += (f"; the decode steps alone (each reservation's cache and prefill, run alone, taken off): "
-             f"{large_steps * 1e3:.0f} ms vs {small_steps * 1e3:.0f} ms ({ratio:.1f}x)")
+    ratio = large_steps / t_small.cpu_s if t_small.cpu_s > 0 else float("inf")
+    text += (f"; without making the larger cache and its prefill ({large_base * 1e3:.0f} ms, run alone): "
+             f"{large_steps * 1e3:.0f} ms, {ratio:.1f}x")
     making = large_base - small_base
     if making > MAKING_LIMIT_S:
         # Neither way: the run with decode steps made its cache again, at a cost that varies many times over.

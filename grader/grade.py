@@ -136,7 +136,10 @@ def _measured_criteria(runs: dict, explain: list, decode_ok: bool = True) -> dic
     return {
         "preallocated_in_place": in_place,
         "no_kv_repeat": criteria_mod.no_repeat(runs.get("memory", []), decode_ok),
-        "live_length": criteria_mod.live_length(scan["scan-small"], scan["scan-large"], decode_ok,
+        "live_length": criteria_mod.live_length([r for n, r in scan.items() if n.startswith("scan-small") and
+                                                 not n.endswith("-base")],
+                                                [r for n, r in scan.items() if n.startswith("scan-large") and
+                                                 not n.endswith("-base")], decode_ok,
                                                 appends_copy=in_place.status == "fail",
                                                 bases=(scan.get("scan-small-base"), scan.get("scan-large-base"))),
     }

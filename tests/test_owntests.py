@@ -177,8 +177,8 @@ def test_a_slow_large_reservation_names_max_len_scan_only_when_the_appends_do_no
     (1.22, (0.027, 0.083), "fail"),  # ... with the widest gap between the two cheap bases seen (56 ms)
     (0.18, (0.022, 0.027), "pass"),  # honest
     (0.30, (0.030, 2.000), "error"),  # the making alone dearer than the whole run: no figure holds, either way
-    (0.47, (0.020, 0.240), "pass"),  # a cache zeroed whole when made, cheap steps: 3.1x whole, 1.8x the steps alone
-    (0.55, (0.025, 0.016), "fail"),  # a scan on a loaded machine: 3.7x whole (below the old 4x), 4.3x the steps alone
+    (0.47, (0.020, 0.240), "pass"),  # a cache zeroed whole when made, cheap steps: 3.1x whole, 1.5x without that
+    (0.55, (0.025, 0.016), "fail"),  # a scan on a loaded machine: 3.7x whole (below the old 4x), 3.6x without
 ])
 def test_a_slow_large_reservation_is_judged_only_where_making_the_cache_costs_little_more(large, bases, status):
     """A cache that builds a table of max_len^2 entries when made (gpt-fast) is slow in the large reservation
@@ -192,6 +192,24 @@ def test_a_slow_large_reservation_is_judged_only_where_making_the_cache_costs_li
     if status == "error":
         assert "more in the larger reservation" in crit.evidence and "mask table" in crit.evidence
         assert crit.unjudgeable, crit.evidence
+
+
+def test_the_cheaper_of_each_reservations_runs_counts():
+    """What else runs on the machine only adds CPU time: one dear run of an honest cache (2.8x its smaller
+    one, seen in CI with 3x the bound) names nothing when its twin run is cheap; a scan is dear in both."""
+    from grader import criteria
+
+    small = [_scan_run(2100, 0.093), _scan_run(2100, 0.101)]
+    crit = criteria.live_length(small, [_scan_run(8 * 2100, 0.263), _scan_run(8 * 2100, 0.095)],
+                                bases=_bases(0.02, 0.02))
+    assert (crit.status, crit.mistakes) == ("pass", []), crit.evidence
+    assert "95 ms CPU in a 8x larger reservation vs 93 ms" in crit.evidence
+    crit = criteria.live_length(small, [_scan_run(8 * 2100, 0.95), _scan_run(8 * 2100, 1.0)], bases=_bases(0.02, 0.02))
+    assert (crit.status, crit.mistakes) == ("fail", ["max_len_scan"]), crit.evidence
+    wrong = _scan_run(8 * 2100, 0.95)
+    wrong[1].why = lambda: "its last output was wrong"
+    crit = criteria.live_length(small, [_scan_run(8 * 2100, 1.0), wrong], bases=_bases(0.02, 0.02))
+    assert (crit.status, crit.mistakes) == ("error", []) and "its last output was wrong" in crit.evidence
 
 
 def test_a_scan_is_not_judged_without_each_reservations_making_alone():
