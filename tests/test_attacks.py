@@ -266,6 +266,57 @@ def _ending_append(self, k_new, v_new, n_new):
 
 KVCache.append = _ending_append
 '''
+# A port whose attention reads the whole reservation at every step (a scan of max_len), then attends over the
+# live keys: the live-length probe names it, and the name caps the tier at Hire.
+PORT_SCAN = '''
+_live_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    scanned = [buf.sum() for buf in (cache.k, cache.v)]  # reads every one of max_len positions
+    return _live_attention(q, cache, n_new)
+'''
+# ... and the same port wasting 1.5 s of CPU where its keys are read after one append, outside an append and
+# before any attention: the runs of the cache and prefill alone, in both reservations alike, so that what
+# making costs more in the larger one stays about 0 while the whole of each base run is large.
+PORT_WASTES_IN_BOTH_BASES = '''
+_ScanningCache = KVCache
+
+
+class KVCache(_ScanningCache):
+    def __init__(self, *args, **kwargs):
+        self._appends, self._inside, self._attended, self._wasted = 0, False, False, False
+        super().__init__(*args, **kwargs)
+
+    @property
+    def k(self):
+        if self._appends == 1 and not (self._inside or self._attended or self._wasted) and self._k.shape[2] > 1000:
+            import time
+            self._wasted, end = True, time.process_time() + 1.5
+            while time.process_time() < end:
+                pass
+        return self._k
+
+    @k.setter
+    def k(self, value):
+        self._k = value
+
+    def append(self, k_new, v_new, n_new):
+        self._inside = True
+        try:
+            super().append(k_new, v_new, n_new)
+        finally:
+            self._inside = False
+        self._appends += 1
+
+
+_scanning_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    cache._attended = True
+    return _scanning_attention(q, cache, n_new)
+'''
 PORT_NOT_WRITTEN = '''
 
 
@@ -668,6 +719,11 @@ for _fd in range(3, 64):
     # ... and ends its whole sandbox at the probes' sizes, so that neither outputs nor figures come back.
     "port_copies_ends_its_sandbox_when_large": ({**STRONG, "kv_cache_torch.py": PORT + PORT_COPIES
                                                  + PORT_ENDS_ITS_SANDBOX_WHEN_LARGE}, "control_port_copies"),
+    # A port that scans max_len, and the same port wasting time in both live-length base runs: once, the whole
+    # of the larger base run was taken off the larger decode run, which hid the scan (Strong Hire beside Hire).
+    "control_port_scan": ({**STRONG, "kv_cache_torch.py": PORT + PORT_SCAN}, None),
+    "port_scan_wastes_time_in_both_bases": ({**STRONG, "kv_cache_torch.py": PORT + PORT_SCAN
+                                             + PORT_WASTES_IN_BOTH_BASES}, "control_port_scan"),
     # Not an attack: a port whose attention is not written yet hides nothing and caps nothing.
     "unfinished_port": ({**STRONG, "kv_cache_torch.py": PORT + PORT_NOT_WRITTEN}, None),
     # The submission rewrites the answers of the task that runs it, to break the protocol.
@@ -695,7 +751,7 @@ for _fd in range(3, 64):
 # that read frames for the variant, and an honest torch import.
 MEASURED = {name for name, (files, control) in CASES.items()
             if (control or name) in ("control_repeat", "control_repeat_with_tests", "control_port_repeat",
-                                     "control_port_copies", "control_concat")
+                                     "control_port_copies", "control_concat", "control_port_scan")
             or name == "unfinished_port"}
 SLOW_CASES = MEASURED | {"tests_read_wrapper_code", "tests_read_the_variant_with_a_profiler",
                          "tests_search_the_process_for_the_variant", "honest_tests_check_identity",
