@@ -49,13 +49,15 @@ Nothing is guessed from source. Thresholds, with their reasons:
   never written, so a scan reads the kernel's zero page there, cheaply: the
   scanning examples measured 5.0x to 6.0x (single whole runs 4.1x to 7.8x,
   below 4x once in CI), the honest ones 0.8x to 1.4x, every example graded
-  in two batches side by side (seeds 101 and 404). A cache whose making costs more
-  than 0.25 s more in the larger reservation is not judged: a table of
-  max_len^2 entries made with the cache (gpt-fast's mask) costs 0.8 to 9 s
-  there, from run to run of the same code (page faults), beside 0.1 s of
-  decode steps, so no figure tells the steps' time apart; a cache without one
-  differs by 0.06 s at most (measured). Code that can tell the larger
-  reservation's making run apart can spend up to that 0.25 s there, taken off
+  in two batches side by side (seeds 101 and 404). The making runs are run
+  twice too, the cheaper counting. A cache whose making costs more than 0.1 s
+  more in the larger reservation is not judged: a table of max_len^2 entries
+  made with the cache (gpt-fast's mask) costs 0.3 to 9 s there, from run to
+  run of the same code (page faults), beside 0.1 s of decode steps, so no
+  figure tells the steps' time apart (at 0.25 s, a bool table's making was
+  once judged, and a real scan named, in one seed of five); a cache without
+  one differs by 0.06 s at most (measured). Code that can tell the larger
+  reservation's making run apart can spend up to that 0.1 s there, taken off
   its decode steps: wasted time can hide a cheap scan, as docs/security.md
   says.
 
@@ -87,7 +89,7 @@ PREFILL_LIMIT = 2.5  # what one prefill adds to the empty cache's peak, in live 
 GROWTH_COPIES = 150.0  # CPU time of the 300 appends, in copies of the live K/V, that names it too (one in two)
 PREFILL_COPIES = 50.0  # the most CPU time, in copies, subtracted for the prefill alone (honest: a few copies)
 SCAN_RATIO = 3.0  # see the module docstring: between honest code's 1.4x and a scan's 5x
-MAKING_LIMIT_S = 0.25  # see the module docstring: what making the cache may cost more in the larger reservation
+MAKING_LIMIT_S = 0.1  # see the module docstring: what making the cache may cost more in the larger reservation
 PROBE_TOLERANCE = 1e-4  # float32 probe outputs against the float64 computation
 
 
@@ -549,17 +551,20 @@ def live_length(small, large, check_output: bool = True, appends_copy: bool = Fa
     text = (f"{p_small.config['decodes']} decode steps at {p_small.config['live']:,} live tokens: "
             f"{t_large.cpu_s * 1e3:.0f} ms CPU in a {factor}x larger reservation vs {t_small.cpu_s * 1e3:.0f} ms "
             f"({whole:.1f}x)")
-    missing = []
+    missing, cheapest_base = [], []
     for label, base in zip(("small", "large"), bases):
-        why = probe_failure(base[1], base[0].config, base[2]) if base else "it was not planned"
-        if why:
+        base = (base if isinstance(base, list) else [base]) if base else []
+        whys = [probe_failure(run[1], run[0].config, run[2]) for run in base] or ["it was not planned"]
+        if any(whys):
             missing.append(f"making the cache and the prefill alone in the {label} reservation gave no figure "
-                           f"({why}) to tell the decode steps' time from")
+                           f"({next(w for w in whys if w)}) to tell the decode steps' time from")
+        else:
+            cheapest_base.append(min(run[1].cpu_s for run in base))
     if missing:
         if whole < SCAN_RATIO:
             return Criterion(cid, "pass", text)
         return Criterion(cid, "error", text + ": not judged, as " + missing[0])
-    small_base, large_base = bases[0][1].cpu_s, bases[1][1].cpu_s
+    small_base, large_base = cheapest_base
     # Only what making costs more in the larger reservation is taken off: the base runs can be told apart
     # (no attention after the prefill), and time wasted in both cancels here instead of hiding the steps.
     making = large_base - small_base

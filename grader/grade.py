@@ -126,6 +126,12 @@ def _probe_runs(session, backend: str, plan) -> dict:
     return runs
 
 
+def _runs_of(scan: dict, name: str) -> list:
+    """The live-length probe's runs of one kind (``name``, ``name-2``, ...): alike, run apart."""
+    return [run for probe, run in scan.items() if probe == name or (probe.startswith(name + "-")
+                                                                   and probe[len(name) + 1:].isdigit())]
+
+
 def _measured_criteria(runs: dict, explain: list, decode_ok: bool = True) -> dict:
     """The criteria decided by the kernel's figures (memory, CPU time), each probe's output checked
     (unless decode is wrong on the hidden trials too: then a wrong probe output is the same mistake)."""
@@ -136,12 +142,10 @@ def _measured_criteria(runs: dict, explain: list, decode_ok: bool = True) -> dic
     return {
         "preallocated_in_place": in_place,
         "no_kv_repeat": criteria_mod.no_repeat(runs.get("memory", []), decode_ok),
-        "live_length": criteria_mod.live_length([r for n, r in scan.items() if n.startswith("scan-small") and
-                                                 not n.endswith("-base")],
-                                                [r for n, r in scan.items() if n.startswith("scan-large") and
-                                                 not n.endswith("-base")], decode_ok,
+        "live_length": criteria_mod.live_length(_runs_of(scan, "scan-small"), _runs_of(scan, "scan-large"), decode_ok,
                                                 appends_copy=in_place.status == "fail",
-                                                bases=(scan.get("scan-small-base"), scan.get("scan-large-base"))),
+                                                bases=(_runs_of(scan, "scan-small-base"),
+                                                       _runs_of(scan, "scan-large-base"))),
     }
 
 
