@@ -19,28 +19,32 @@ import tomllib
 from dataclasses import dataclass, field
 
 from catalogue import mutants as catalogue_mutants
-from grader import compare, criteria as criteria_mod, diagnose, jobs, owntests, run as run_mod, suite
+from grader import compare, costs, criteria as criteria_mod, diagnose, jobs, owntests, run as run_mod, suite
 from grader import report as report_mod
 from grader import rubric as rubric_mod
 from grader.sandbox import launch
 from grader.submission import (SubmissionError, laid_out_sha256, materialize, name_of, provide_helpers,
                                set_aside_bundle, shadowing)
-from kvkit import cost_table
-from solutions import cost as ref_cost
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CATALOGUE = os.path.join(os.path.dirname(HERE), "catalogue")
 SCHEMA = report_mod.SCHEMA
-# The cost table's inputs plus a second set (kvkit/cost_table.py), so no figure can be typed in.
-COST_CALLS = cost_table.cost_calls()
+# The cost table's inputs plus a second set (kvkit/cost_table.py), so no figure can be typed in (grader/costs.py).
+COST_CALLS = costs.figures()["calls"]
 
 
 def load_catalogue() -> tuple[dict, list]:
-    """``(mistakes, general_questions)`` from catalogue/mistakes.toml and interview.toml."""
+    """``(mistakes, general_questions)`` from catalogue/mistakes.toml and interview.toml.
+
+    The Gradescope bundle ships no interviewer text: no interview.toml (no general questions) and no
+    ``question``/``answer`` in mistakes.toml (``follow_ups`` then asks nothing).
+    """
     with open(os.path.join(CATALOGUE, "mistakes.toml"), "rb") as f:
         mistakes = tomllib.load(f)
-    with open(os.path.join(CATALOGUE, "interview.toml"), "rb") as f:
-        general = tomllib.load(f)["general"]
+    general = []
+    if os.path.exists(os.path.join(CATALOGUE, "interview.toml")):
+        with open(os.path.join(CATALOGUE, "interview.toml"), "rb") as f:
+            general = tomllib.load(f)["general"]
     return mistakes, general
 
 
@@ -59,7 +63,7 @@ class Options:
 
 
 def expected_costs() -> dict:
-    return {label: getattr(ref_cost, name)(*args) for label, name, args in COST_CALLS}
+    return costs.figures()["expected"]
 
 
 def _outputs_by_trial(trials, outputs) -> dict:
@@ -507,9 +511,9 @@ def follow_ups(criteria: dict, named: list, mistakes_doc: dict, general: list, c
     """Questions chosen from the diagnosis: one per named mistake, the chunked-prefill question after a
     refusal of chunked prefill, then general questions about parts that did not pass (or about none)."""
     out = [{"mistake": m, "question": mistakes_doc[m]["question"], "answer": mistakes_doc[m]["answer"]}
-           for m in dict.fromkeys(named) if m in mistakes_doc]
+           for m in dict.fromkeys(named) if "question" in mistakes_doc.get(m, {})]
     if criteria.get("chunked_prefill") and criteria["chunked_prefill"].status == "not_attempted" \
-            and "chunk_local_mask" not in named:
+            and "chunk_local_mask" not in named and "question" in mistakes_doc.get("chunk_local_mask", {}):
         # What the refused call must do: the chunked-prefill question, about no mistake of theirs.
         q = mistakes_doc["chunk_local_mask"]
         out.append({"mistake": None, "about": "chunked_prefill", "question": q["question"], "answer": q["answer"]})

@@ -91,3 +91,47 @@ class ReferenceHistory:
         """Oracle output of ``q`` ``[B, Hq, T, d]`` after the latest append."""
         k, v = self.dense()
         return attention_ref(q, k, v, self.lens, n_new)
+
+
+class OracleCache:
+    """The cache contract (docs/contract.md) kept the plainest way, for mistakes planted in this process.
+
+    Diagnosis plants the catalogue's mistakes (``catalogue.mutants.plant``) around this class and
+    ``oracle_attention``, so that the grader needs no reference solution: the Gradescope bundle ships none.
+
+    Args:
+        batch, kv_heads, max_len, head_dim: ``B``, ``Hkv``, the most tokens a row holds, ``d``.
+        dtype: the buffers' element type.
+
+    Attributes:
+        k, v: ``[B, Hkv, max_len, d]`` buffers of ``dtype``; ``lens``: int64 ``[B]``.
+    """
+
+    def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype=np.float32):
+        shape = (int(batch), int(kv_heads), int(max_len), int(head_dim))
+        self.k = np.zeros(shape, dtype=dtype)
+        self.v = np.zeros(shape, dtype=dtype)
+        self.lens = np.zeros(int(batch), dtype=np.int64)
+
+    def append(self, k_new, v_new, n_new) -> None:
+        """Store token ``t < n_new[b]`` of row ``b`` at ``lens[b] + t``, one token at a time.
+
+        Raises:
+            ValueError: a row would pass ``max_len``; then nothing is written.
+        """
+        n_new = np.asarray(n_new, dtype=np.int64)
+        end = self.lens + n_new
+        if np.any(end > self.k.shape[2]):
+            raise ValueError(f"append would overflow: lens + n_new = {end.tolist()} > max_len = {self.k.shape[2]}")
+        for b in range(len(n_new)):
+            for t in range(int(n_new[b])):
+                self.k[b, :, int(self.lens[b]) + t] = k_new[b, :, t]
+                self.v[b, :, int(self.lens[b]) + t] = v_new[b, :, t]
+        self.lens = end
+
+
+def oracle_attention(q, cache: OracleCache, n_new) -> np.ndarray:
+    """``attention_ref`` of ``q`` over ``cache``'s live keys, in ``q``'s dtype (the contract's ``gqa_attention``)."""
+    q = np.asarray(q)
+    live = int(cache.lens.max()) if len(cache.lens) else 0
+    return attention_ref(q, cache.k[:, :, :live], cache.v[:, :, :live], cache.lens, np.asarray(n_new)).astype(q.dtype)
