@@ -23,8 +23,8 @@ from grader import compare, costs, criteria as criteria_mod, diagnose, jobs, own
 from grader import report as report_mod
 from grader import rubric as rubric_mod
 from grader.sandbox import launch
-from grader.submission import (SubmissionError, laid_out_sha256, materialize, name_of, provide_helpers,
-                               set_aside_bundle, shadowing)
+from grader.submission import (SubmissionError, laid_out_sha256, materialize, missing_module, name_of,
+                               provide_helpers, sandbox_refusal, set_aside_bundle, shadowing)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CATALOGUE = os.path.join(os.path.dirname(HERE), "catalogue")
@@ -365,10 +365,21 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
     except MALFORMED as exc:
         return _malformed(name, options, level, started, notes, session, exc)
     if answer is None and not session.tasks_started:
-        # The sandbox never reached a task: no submission code ran, so this is the kit's (or the machine's) failure.
-        return {**_error_report(name, options, f"the sandbox did not start ({comparison}); the submission was not "
-                                f"run: check the grader's Python and isolation", started, status="grader_error"),
+        # The sandbox never reached a task: no submission code ran. A hand-back its working folder cannot hold
+        # is the hand-back's doing; anything else is the kit's (or the machine's) failure, named.
+        refused = sandbox_refusal(workdir, session.output_tail, launch.WORKDIR_INODES, launch.WORKDIR_BYTES)
+        if refused:
+            return {**_error_report(name, options, refused, started), "isolation": level, "notes": notes}
+        said = (session.output_tail or "").strip().splitlines()[-1:]  # the kit's launcher or harness, before any task
+        return {**_error_report(name, options, f"the kit's sandbox ({level}) did not start: {comparison}"
+                                + (f" ({said[0][:200]})" if said else "") + "; the submission was not run: check the "
+                                "grader's Python and isolation (grader/sandbox/)", started, status="grader_error"),
                 "isolation": level, "notes": notes}
+    raw = getattr(session.tasks.get(run_mod.probe_task(plan, "numpy", "trials")), "answer", None)
+    missing = answer is None and isinstance(raw, dict) and missing_module(raw.get("import"), workdir, files,
+                                                                          run_mod.installed_modules())
+    if missing:  # not a verdict on the candidate: what to install, or to hand back without
+        return {**_error_report(name, options, missing, started), "isolation": level, "notes": notes}
     if answer is None:
         # The candidate's code ran and failed (import error, crash, hang): graded, with the reason.
         report = _error_report(name, options, f"kv_cache.py: {comparison}", started)

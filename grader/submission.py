@@ -32,6 +32,11 @@ MAX_ZIP_DIRECTORY_BYTES = 16 * 2**20  # ... or with a larger central directory (
 MAX_DEPTH = 16  # folders deep past which nothing of a hand-back is read (a zip's entries, a folder's files)
 MAX_NOTEBOOK_BYTES = 16 * 2**20  # parsed in the grader's process: bounded
 MAX_TOTAL_BYTES = 8 * 2**20
+# Files and folders a hand-back may lay out (a candidate's work is a few dozen), counted before any is copied:
+# well below what the sandbox's working folder holds (``launch.WORKDIR_INODES``, 20,000), which the
+# submission's own process needs room in too. Files read past it: empty ones weigh nothing, so only a count
+# bounds them.
+MAX_LAID_OUT = 2_000
 SKIP_DIRS = {".git", "__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".kvkit", "node_modules"}
 VENV_MARKER = "pyvenv.cfg"  # the file at the root of every virtual environment (PEP 405): its folder is set aside
 ZIP_SUFFIXES = (".py", ".txt", ".md", ".toml", ".json", ".npy", ".ipynb")  # what a zip's layout can read
@@ -379,6 +384,51 @@ def _imported_modules(source: str) -> set[str]:
     return found
 
 
+def missing_module(import_error, workdir: str, files: list[str], installed) -> str | None:
+    """The ``not_graded`` reason when loading the submission failed for a module the grading environment lacks.
+
+    ``import_error`` is what the sandbox answered about loading ``kv_cache.py``
+    (the trials task's ``answer["import"]``: ``{"type", "message"}``, data from
+    the child); ``files`` the laid-out files (relative to ``workdir``);
+    ``installed`` the top-level module names the grading environment has
+    (``grader.run.installed_modules``). Decided from what happened: the load
+    raised ``ModuleNotFoundError`` for a module that is neither installed here
+    nor one of the submission's own files, and that one of its files imports
+    (read as syntax). A guarded import (``try: import scipy`` with a fallback)
+    loads, so it never reaches here. None when the failure is anything else.
+    """
+    import re
+
+    if not isinstance(import_error, dict) or import_error.get("type") != "ModuleNotFoundError":
+        return None
+    found = re.fullmatch(r"No module named '([A-Za-z_][A-Za-z0-9_]*)(?:\.[A-Za-z0-9_.]*)?'",
+                         str(import_error.get("message", "")))
+    if not found:
+        return None
+    top = found[1]
+    own = {rel.replace(os.sep, "/").split("/")[0].removesuffix(".py") for rel in files}
+    if top in installed or top in own or top in CONTRACT_MODULES:
+        return None
+    importers = []
+    for rel in sorted(files):
+        if rel.endswith(".py"):
+            try:
+                with open(os.path.join(workdir, rel), encoding="utf-8", errors="replace") as f:
+                    names = _imported_modules(f.read())
+            except OSError:
+                continue
+            if top in {n.split(".")[0] for n in names}:
+                importers.append(rel)
+    if not importers:
+        return None  # the message names a module no file of the submission imports: a crash like any other
+    shown = ", ".join(importers[:3]) + (f" and {len(importers) - 3} more" if len(importers) > 3 else "")
+    return (f"{shown} import{'s' if len(importers) == 1 else ''} the module '{top}', which the grading environment "
+            f"does not have (loading kv_cache.py raised ModuleNotFoundError), so nothing could be run: a submission "
+            f"may import the standard library and NumPy (docs/contract.md). Install {top} beside the kit (in the "
+            f"grader's Python environment) and grade again, or hand back a version without it (if '{top}' is a "
+            f"file of yours, hand it back beside kv_cache.py)")
+
+
 def provide_helpers(workdir: str, sources: list[str]) -> list[str]:
     """Copy into ``workdir`` the kit's helper files (``SHIPPED_HELPERS``) that ``sources`` import; return them.
 
@@ -455,6 +505,36 @@ def _inner_folder(path: str) -> str:
     return inner if holds_work else path
 
 
+def check_count(path: str, files: list[str]) -> None:
+    """Refuse a hand-back that would lay out more than ``MAX_LAID_OUT`` files and folders.
+
+    ``files`` are the paths (relative, ``/`` or ``os.sep`` between parts) of
+    the files the layout would write, counted before any is copied; each
+    folder they need counts too (a folder is a file to the sandbox's working
+    folder, whose tmpfs holds a bounded number of them).
+
+    Raises:
+        SubmissionError: past the bound, with the count, the folder that holds
+            most of them, and what to hand back instead.
+    """
+    under: dict[str, int] = {}  # files under each folder, at any depth
+    for rel in files:
+        parts = rel.replace(os.sep, "/").split("/")
+        for k in range(1, len(parts)):
+            folder = "/".join(parts[:k])
+            under[folder] = under.get(folder, 0) + 1
+    if len(files) + len(under) <= MAX_LAID_OUT:
+        return
+    # The deepest folder that holds most of them: where the bulk is (a data or package folder).
+    most = [f for f, n in under.items() if n * 2 > len(files)]
+    top = max(most, key=lambda f: f.count("/"), default="")
+    where = f", {under[top]:,} of the files under {top[:80]}/" if top else ""
+    raise SubmissionError(
+        f"{path}: the hand-back holds {len(files):,} files in {len(under):,} folders to lay out{where} (at most "
+        f"{MAX_LAID_OUT:,} files and folders together are read); hand back only your work (kv_cache.py, your "
+        f"tests, cost.py, the port) without generated files, data or environments")
+
+
 def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]:
     """Copy the submission at ``path`` into the empty ``workdir``; return the files written.
 
@@ -492,7 +572,7 @@ def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]
         notes.append(f"graded the folder {os.path.relpath(inner, path)}/ inside the hand-back: the folders "
                      f"around it hold nothing else")
         path = inner
-    written, total, venvs_aside = [], 0, []
+    picked, venvs_aside = [], []
     for root, dirs, files in os.walk(path, followlinks=False):
         venvs = [d for d in dirs if _is_venv(os.path.join(root, d))]
         venvs_aside += [os.path.relpath(os.path.join(root, d), path) + "/" for d in venvs]
@@ -502,16 +582,19 @@ def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]
             dirs[:] = []  # deeper is not read (and os.walk recurses: a deep enough tree would end it)
         for name in files:
             src = os.path.join(root, name)
-            rel = os.path.relpath(src, path)
             if os.path.islink(src) or not os.path.isfile(src) or not name.endswith((".py", ".txt", ".md", ".toml", ".json", ".npy")):
                 continue
-            size = os.path.getsize(src)
-            if size > MAX_FILE_BYTES or total + size > MAX_TOTAL_BYTES:
-                continue
-            total += size
-            os.makedirs(os.path.dirname(os.path.join(workdir, rel)) or workdir, exist_ok=True)
-            shutil.copyfile(src, os.path.join(workdir, rel))
-            written.append(rel)
+            picked.append((src, os.path.relpath(src, path)))
+    check_count(path, [rel for _, rel in picked])  # before anything is copied
+    written, total = [], 0
+    for src, rel in picked:
+        size = os.path.getsize(src)
+        if size > MAX_FILE_BYTES or total + size > MAX_TOTAL_BYTES:
+            continue
+        total += size
+        os.makedirs(os.path.dirname(os.path.join(workdir, rel)) or workdir, exist_ok=True)
+        shutil.copyfile(src, os.path.join(workdir, rel))
+        written.append(rel)
     if venvs_aside:
         notes.append(_venv_note(venvs_aside))
     if "kv_cache.py" not in written:
@@ -528,6 +611,41 @@ def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]
         if ipynbs:  # the folder's own files win over the notebook's
             written += _write_notebook(os.path.join(path, ipynbs[0]), workdir, skip=set(written))
     return sorted(written)
+
+
+# What the sandbox's launcher says when the hand-back's files do not fit its working folder (a tmpfs bounded
+# in bytes and in files: both read as "no space"), or a name it cannot hold.
+NO_ROOM = ("[Errno 28]", "No space left on device", "[Errno 122]", "Disk quota exceeded", "[Errno 36]",
+           "File name too long")
+
+
+def sandbox_refusal(workdir: str, output_tail: str, max_files: int, max_bytes: int) -> str | None:
+    """Why a sandbox that never reached a task could not start because of the hand-back, or None.
+
+    ``workdir`` holds the hand-back as laid out; ``max_files`` and
+    ``max_bytes`` are what the sandbox's working folder holds (files and
+    folders; bytes); ``output_tail`` is what the sandbox printed before any
+    task (the kit's launcher and harness only: no file of the submission has
+    run by then). The hand-back's doing when it holds more than that folder
+    does, or when the launcher failed for want of room or on a name; None
+    otherwise (then the kit failed, not the hand-back).
+    """
+    count, size = 0, 0
+    for root, dirs, files in os.walk(workdir, followlinks=False):
+        count += len(dirs) + len(files)
+        for name in files:
+            try:
+                size += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    said = next((line.strip() for line in reversed((output_tail or "").splitlines())
+                 if any(mark in line for mark in NO_ROOM)), "")
+    if count < max_files and size < max_bytes and not said:
+        return None
+    why = f" (the sandbox said: {said[:200]})" if said else ""
+    return (f"the sandbox could not lay out the hand-back: {count:,} files and folders, {size:,} bytes, where its "
+            f"working folder holds {max_files:,} files and {max_bytes // 2**20} MiB{why}; hand back only your work "
+            f"(kv_cache.py, your tests, cost.py, the port) without generated files, data or environments")
 
 
 def laid_out_sha256(workdir: str, files: list[str]) -> str:
@@ -621,6 +739,7 @@ def _materialize_zip(path: str, workdir: str, notes: list) -> list[str]:
                      if n.endswith("/" + VENV_MARKER) and n[:-len(VENV_MARKER)] != top}
             if venvs:
                 notes.append(_venv_note([v[len(top):] if v.startswith(top) else v for v in venvs]))
+            picked = []
             for info in infos:
                 name = info.filename
                 kind = stat.S_IFMT(info.external_attr >> 16)
@@ -635,6 +754,11 @@ def _materialize_zip(path: str, workdir: str, notes: list) -> list[str]:
                 # no more than many files (a prefix test against every venv was quadratic).
                 if venvs and any("/".join(parts[:k]) + "/" in venvs for k in range(1, len(parts))):
                     continue
+                picked.append((info, parts))
+            # The files the layout would read, counted before any is extracted (the zip's top folder too).
+            check_count(path, ["/".join(parts) for _, parts in picked])
+            for info, parts in picked:
+                name = info.filename
                 if info.file_size > MAX_FILE_BYTES or total + info.file_size > MAX_TOTAL_BYTES:
                     continue  # only what is extracted counts, as in a folder: a big file first drops nothing after it
                 total += info.file_size
