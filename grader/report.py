@@ -5,9 +5,16 @@ tier), ``not_graded`` (the hand-back cannot be graded: the reason says what to
 fix) or ``grader_error`` (the kit failed, not the candidate). Only a graded
 report has a tier; every renderer and summary switches on the status.
 
-Text that came from a submission (exception messages, file names) is data: the
-renderers strip control characters and newlines from it, print it with rich
-markup off, and escape it in Markdown.
+Text that came from a submission (exception messages, file names) is data:
+every renderer passes it through :func:`grader.inert.clean` (one line, no
+control, format or separator characters, cut at a whole word), prints it with
+rich markup off, escapes it in Markdown (:func:`grader.inert.md`) and keeps it
+from starting a formula in CSV (:func:`grader.inert.csv_cell`).
+
+Each state has one name in every human-facing output (:data:`LABEL`,
+:data:`STATUS_LABEL`): a criterion passes, fails, is not attempted or is not
+measured (``error`` in the JSON: the check could not be made); a report is
+graded, not graded or a grader error.
 """
 from __future__ import annotations
 
@@ -17,23 +24,14 @@ import re
 import tempfile
 import time
 
+from grader.inert import clean, csv_cell, md, shorten  # noqa: F401 - the renderers' one cleaning, re-exported
 from grader.rubric import Tier
 
 SCHEMA = "kvkit.report/1"
 STATUSES = ("graded", "not_graded", "grader_error")
-HEADLINE = {"not_graded": "NOT GRADED", "grader_error": "GRADER ERROR"}
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
-_MARKDOWN = re.compile(r"([\\`*_\[\]<>|#])")  # what could open a link, code, emphasis, HTML or a cell
-
-
-def clean(text, limit: int = 2000) -> str:
-    """``text`` as one safe line: C0/C1 control characters and newlines become spaces, at most ``limit`` characters."""
-    return _CONTROL.sub(" ", str(text))[:limit]
-
-
-def md(text, limit: int = 2000) -> str:
-    """``text`` cleaned and escaped for Markdown (no table cell, heading or link can be forged)."""
-    return _MARKDOWN.sub(r"\\\1", clean(text, limit))
+STATUS_LABEL = {"graded": "graded", "not_graded": "not graded", "grader_error": "grader error"}
+LABEL = {"pass": "pass", "fail": "fail", "not_attempted": "not attempted", "error": "not measured"}
+HEADLINE = {s: STATUS_LABEL[s].upper() for s in ("not_graded", "grader_error")}
 
 
 def status_of(report: dict) -> str:
@@ -58,6 +56,49 @@ def headline(report: dict, rubric=None, audience: str = "hiring") -> str:
     return rubric.label(report["tier"], audience) if rubric is not None else str(report["tier"])
 
 
+def criterion_label(report: dict, criterion: dict) -> str:
+    """What a reader sees for one criterion: pass, fail, not attempted or not measured; in a report
+    without a verdict, the report's own state (not graded, grader error), for nothing was checked."""
+    status = status_of(report)
+    if status != "graded":
+        return STATUS_LABEL[status]
+    return LABEL.get(criterion.get("status"), clean(criterion.get("status"), 40))
+
+
+def merged_score(report: dict):
+    """The score a gradebook merges: a graded report's score; 0 for a hand-back that cannot be graded
+    (a blank notebook, no kv_cache.py: nothing of the student's earns points, as on Gradescope); None
+    for a grader error (the kit failed: grade it again)."""
+    status = status_of(report)
+    if status == "graded":
+        score = report.get("score")
+        return score if isinstance(score, (int, float)) and not isinstance(score, bool) else None
+    return 0.0 if status == "not_graded" else None
+
+
+def verdict_sentence(report: dict, rubric=None, audience: str = "hiring", word: str = "Verdict") -> str:
+    """One sentence that says the verdict (or not graded, grader error) and why, each once:
+    ``Result: Needs work — a mistake that decides the verdict alone: kv_repeat.``"""
+    status = status_of(report)
+    why = clean(reason(report, rubric, audience))
+    if status != "graded":
+        label = STATUS_LABEL[status]
+        why = why.removeprefix(f"{label}: ")  # ungraded() writes "<label>: <what to fix>"
+    else:
+        label = headline(report, rubric, audience)
+        if why.startswith("capped by"):  # the cap is the verdict itself: said once
+            why = why.replace(f" (caps the tier at {label})", "")
+    if not why:
+        return f"{word}: {label}."
+    return f"{word}: {label} — {why}{'' if why.endswith('.') else '.'}"
+
+
+def _error_said(report: dict, said: str) -> str:
+    """The report's ``error`` cleaned, or "" when ``said`` (its reason, as shown) holds it already."""
+    error = clean(report.get("error") or "")
+    return "" if not error or error[:80] in said else error
+
+
 def ungraded(name: str, seed: int, rubric, reason: str, status: str = "not_graded", started: float | None = None,
              **extra) -> dict:
     """A report without a verdict: ``not_graded`` (fix the hand-back) or ``grader_error`` (the kit failed)."""
@@ -76,7 +117,6 @@ def ungraded(name: str, seed: int, rubric, reason: str, status: str = "not_grade
     report.update(extra)
     return report
 
-MARK = {"pass": "PASS", "fail": "FAIL", "not_attempted": "----", "error": "N/M "}  # not measured: the check could not be made (not the grader failing)
 STYLE = {"pass": "green", "fail": "red", "not_attempted": "dim", "error": "yellow"}
 TIER_STYLE = {Tier.STRONG_HIRE: "bold green", Tier.HIRE: "bold cyan", Tier.WEAK: "bold red"}
 
@@ -118,10 +158,12 @@ def print_report(report: dict, console=None, rubric=None, audience: str = "hirin
 
     console = console or Console()
     title = headline(report, rubric, audience)
-    graded = status_of(report) == "graded"
+    status = status_of(report)
+    graded = status == "graded"
+    score = merged_score(report)
     rule = Text.assemble((clean(report["submission"], 200), "bold"), "  ",
                          (title, TIER_STYLE.get(report.get("tier") if graded else "", "bold yellow")),
-                         f"  {report['score']:g}/{report['max_score']:g}" if graded else "")
+                         f"  {score:g}/{report['max_score']:g}" if score is not None else "")
     console.rule(rule)
     if not graded:  # no verdict: the reason and what to fix, not a table of criteria that were never run
         ran = report.get("isolation") not in (None, "none")  # nothing of a hand-back refused before it ran
@@ -130,19 +172,21 @@ def print_report(report: dict, console=None, rubric=None, audience: str = "hirin
         for note in report.get("notes", []):
             console.print(Text.assemble(("note: ", "yellow"), clean(note)))
         return
-    console.print(Text(f"{clean(reason(report, rubric, audience))} | seed {report['seed']} | {report['duration_s']} s | "
+    said = clean(reason(report, rubric, audience))
+    console.print(Text(f"{said} | seed {report['seed']} | {report['duration_s']} s | "
                        f"isolation: {clean(report['isolation'])}", style="dim"))
-    if report.get("error"):
-        console.print(Text(clean(report["error"]), style="yellow"))
+    error = _error_said(report, said)
+    if error:
+        console.print(Text(error, style="yellow"))
     table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(width=4)
+    table.add_column(width=max(map(len, LABEL.values())))
     table.add_column(no_wrap=False)
     table.add_column()
     for c in report["criteria"]:
         evidence = Text(clean(c["evidence"]), style="dim")
         if c["mistakes"]:
             evidence.append(f" ({', '.join(clean(m, 80) for m in c['mistakes'])})", style="red")
-        table.add_row(Text(MARK.get(c["status"], "?"), style=STYLE.get(c["status"], "")), Text(clean(c["title"])),
+        table.add_row(Text(criterion_label(report, c), style=STYLE.get(c["status"], "")), Text(clean(c["title"])),
                       evidence)
     console.print(table)
     if report.get("mistakes"):
@@ -206,20 +250,32 @@ def markdown(reports: list[dict], rubric=None, audience: str = "hiring", images:
     ``images``: report index -> ``[(kind, relative PNG path)]`` written by :func:`write_markdown`.
     """
     images = images or {}
+
+    def score(r):
+        merged = merged_score(r)
+        return f"{merged:g}/{r['max_score']:g}" if merged is not None else f"-/{r['max_score']:g}"
+
     lines = ["# kvkit grading report", "", "| submission | tier | score | mistakes |", "| --- | --- | --- | --- |"]
     for r in reports:
         lines.append(f"| {md(r['submission'], 200)} | {md(headline(r, rubric, audience))} | "
-                     f"{r['score']:g}/{r['max_score']:g} | {md(', '.join(r['mistakes'])) or '-'} |")
+                     f"{score(r)} | {md(', '.join(r['mistakes'])) or '-'} |")
     for i, r in enumerate(reports):
-        lines += ["", f"## {md(r['submission'], 200)}: {md(headline(r, rubric, audience))} "
-                      f"({r['score']:g}/{r['max_score']:g})", "",
-                  f"{md(reason(r, rubric, audience))}. Seed {r['seed']}, isolation: {md(r['isolation'])}.", "",
-                  "| criterion | status | points | evidence |", "| --- | --- | --- | --- |"]
+        said = md(reason(r, rubric, audience))
+        lines += ["", f"## {md(r['submission'], 200)}: {md(headline(r, rubric, audience))} ({score(r)})", "",
+                  f"{said}{'' if said.endswith('.') else '.'} Seed {r['seed']}, isolation: {md(r['isolation'])}."]
+        if status_of(r) != "graded":  # no verdict: the reason says what to fix; no criterion was checked
+            lines += [f"- note: {md(note)}" for note in r.get("notes", [])]
+            continue
+        error = _error_said(r, clean(reason(r, rubric, audience)))
+        if error:
+            lines += ["", md(error)]
+        lines += ["", "| criterion | status | points | evidence |", "| --- | --- | --- | --- |"]
         for c in r["criteria"]:
             evidence = md(c["evidence"])
             if c["mistakes"]:
                 evidence += f" (**{md(', '.join(c['mistakes']))}**)"  # catalogue ids, escaped all the same
-            lines.append(f"| {md(c['title'])} | {c['status']} | {c['points']:g}/{c['max_points']:g} | {evidence} |")
+            lines.append(f"| {md(c['title'])} | {criterion_label(r, c)} | {c['points']:g}/{c['max_points']:g} | "
+                         f"{evidence} |")
         if r.get("mistakes"):
             lines += ["", f"Mistakes: {md(mistakes_line(r, rubric, audience))}"]
         if r.get("smallest_failing"):
@@ -247,21 +303,37 @@ def gradescope(report: dict, rubric=None, audience: str = "class") -> dict:
     """
     tests = [{"name": clean(c["title"]), "score": c["points"], "max_score": c["max_points"],
               "status": "passed" if c["status"] == "pass" else "failed",
-              "output": clean(c["evidence"]) + (f" Mistakes: {clean(', '.join(c['mistakes']))}." if c["mistakes"] else ""),
-              "visibility": "visible"} for c in report["criteria"] if c.get("counted", True)]
+              "output": _test_output(report, c), "visibility": "visible"}
+             for c in report["criteria"] if c.get("counted", True)]
     word = "Result" if audience == "class" else "Verdict"
-    output = f"{word}: {headline(report, rubric, audience)}. {clean(reason(report, rubric, audience))}."
-    left_out = [clean(c["title"]) for c in report["criteria"] if not c.get("counted", True)]
-    if left_out:
-        output += (f"\nNot attempted, optional: {'; '.join(left_out)}. It counts neither for nor against: the "
-                   f"other points are scaled to {report['max_score']:g}.")
+    output = verdict_sentence(report, rubric, audience, word)
+    if status_of(report) == "graded":
+        for status in ("not_attempted", "error"):
+            left_out = [clean(c["title"]) for c in report["criteria"]
+                        if not c.get("counted", True) and c.get("status") == status]
+            if left_out:
+                output += (f"\n{LABEL[status].capitalize()}, optional: {'; '.join(left_out)}. It counts neither "
+                           f"for nor against: the other points are scaled to {report['max_score']:g}.")
     if report.get("smallest_failing"):
         output += f"\nSmallest failing case: {clean(report['smallest_failing'])}"
     diagnosis = report.get("diagnosis") or {}
     if diagnosis:
         output += f"\nDiagnosis: {clean(diagnosis.get('summary', ''))}"
         output += "".join(f"\n  {clean(line)}" for line in diagnosis.get("lines", []))
-    if report.get("error"):
-        output += f"\n{clean(report['error'])}"
-    return {"score": report["score"], "max_score": report["max_score"], "output": output,
+    error = _error_said(report, output)
+    if error:
+        output += f"\n{error}"
+    score = merged_score(report)
+    return {"score": score if score is not None else 0.0, "max_score": report["max_score"], "output": output,
             "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
+
+
+def _test_output(report: dict, criterion: dict) -> str:
+    """One Gradescope test's output: the criterion's state in words, then its evidence and mistakes."""
+    label = criterion_label(report, criterion)
+    if status_of(report) != "graded":
+        return label  # the headline says why, once
+    evidence = clean(criterion.get("evidence") or "")
+    text = evidence if evidence.lower().startswith(label) else f"{label}: {evidence}" if evidence else label
+    mistakes = criterion.get("mistakes") or []
+    return text + (f" Mistakes: {clean(', '.join(mistakes))}." if mistakes else "")

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from grader.criteria import REGISTRY
+from grader.inert import join, shorten, strip
 
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rubric.toml")
+REASON_LIMIT = 500  # a tier reason lists whole checks up to this many characters, then "and N more"
 class Tier(str, Enum):
     """The verdicts, lowest first; the one type every module uses (a ``str``, so JSON and comparisons see the name)."""
 
@@ -85,48 +87,44 @@ class Rubric:
         weak = [m for m in numpy_mistakes if m in self.weak_mistakes]
         missing_hire = [c for c, spec in self.criteria.items() if spec["tier"] == "Hire" and statuses.get(c) != "pass"]
         if weak:
-            return "Weak", f"{'mistakes that make' if len(weak) > 1 else 'a mistake that makes'} the verdict Weak: {', '.join(weak)}"
+            return "Weak", (f"{'mistakes that each decide' if len(weak) > 1 else 'a mistake that decides'} the "
+                            f"verdict alone: {', '.join(weak)}")
         evidence = evidence or {}
 
-        def title(ids):
-            parts = []
+        def part(c):
+            """One criterion that did not pass: its title and state, and for a check not measured or not
+            attempted what it saw, cut at a word with its brackets closed."""
+            if statuses.get(c) == "error":
+                return f"{self.title(c)} (not measured: {shorten(strip(evidence.get(c) or 'no evidence'), 160)})"
+            if statuses.get(c) == "not_attempted":  # what the check saw: "no cost.py", "... refused ..."
+                seen = strip(evidence.get(c) or "")
+                return f"{self.title(c)} (not attempted: {shorten(seen, 100)})" if seen else \
+                    f"{self.title(c)} (not attempted)"
+            return self.title(c)
+
+        def parts(ids):
             # Checks that failed first: they are the cause; the checks that could not be measured say why.
-            for c in sorted(ids, key=lambda c: statuses.get(c) == "error"):
-                text = self.title(c)
-                if statuses.get(c) == "error":
-                    text += f" (not measured: {_shortened(str(evidence.get(c) or 'no evidence'), 160)})"
-                elif statuses.get(c) == "not_attempted":  # what the check saw: "no cost.py", "... refused ..."
-                    seen = str(evidence.get(c) or "")
-                    text += f" (not attempted: {_shortened(seen, 100)})" if seen else " (not attempted)"
-                parts.append(text)
-            return "; ".join(parts)
+            return join([part(c) for c in sorted(ids, key=lambda c: statuses.get(c) == "error")], REASON_LIMIT)
         if missing_hire:
-            return "Weak", f"not Hire: not passed: {title(missing_hire)}"
+            return "Weak", f"not every Hire check passes: {parts(missing_hire)}"
         wrong = [c for c in self.weak_when_wrong if c in silent and statuses.get(c) == "fail"]
         if wrong:
-            return "Weak", ("silently wrong, which makes the verdict Weak: "
-                            + "; ".join(self.title(c) for c in wrong) + " returns wrong outputs (no clear refusal)")
+            return "Weak", ("silently wrong: " + "; ".join(self.title(c) for c in wrong)
+                            + " returns wrong outputs (no clear refusal), which decides the verdict alone")
         missing_strong = [c for c, spec in self.criteria.items()
                           if spec["tier"] == "Strong Hire" and statuses.get(c) != "pass"]
-        tier, reason = ("Hire", f"not Strong Hire: not passed: {title(missing_strong)}") if missing_strong \
-            else ("Strong Hire", "every Hire and Strong Hire criterion passes")
+        tier, reason = ("Hire", f"not every Strong Hire check passes: {parts(missing_strong)}") if missing_strong \
+            else ("Strong Hire", "every check that decides the tier passes")
         capping = list(port_mistakes)
         if capping:
             cap = f"port: {', '.join(capping)} (caps the tier at {self.port_mistake_cap})"
             if TIERS.index(tier) > TIERS.index(self.port_mistake_cap):
-                tier, reason = self.port_mistake_cap, f"capped by the PyTorch port: {cap}"
+                tier, reason = self.port_mistake_cap, f"capped by the PyTorch {cap}"
             elif TIERS.index(tier) < TIERS.index(self.port_mistake_cap):
-                reason += f"; {cap[:-1]}; the verdict is {tier} already)"
+                reason += f"; {cap[:-1]}, a tier above this one)"
             else:
                 reason += f"; {cap}"
         return tier, reason
-
-
-def _shortened(text: str, limit: int) -> str:
-    """``text`` cut at a word before ``limit`` characters, with an ellipsis when cut."""
-    if len(text) <= limit:
-        return text
-    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:(") + " ..."
 
 
 def load(path: str | None = None) -> Rubric:

@@ -10,6 +10,12 @@
   ``mistake``), for a spreadsheet;
 * ``grades.csv``: one row per submission (tier, score, mistakes, each
   criterion's status), for a gradebook.
+
+Every state reads as in the reports (``report.LABEL``, ``report.STATUS_LABEL``:
+pass, fail, not attempted, not measured; graded, not graded, grader error);
+every CSV cell goes through ``inert.csv_cell`` (no formula can start a cell).
+A hand-back that could not be graded (a blank notebook) scores 0 wherever
+grades are merged, as on Gradescope; a grader error has no score.
 """
 from __future__ import annotations
 
@@ -18,7 +24,9 @@ import io
 import os
 from collections import Counter
 
-from grader.report import clean, md, mistake_sections, status_of, write_text_atomic
+from grader.inert import clean, csv_cell, md
+from grader.report import LABEL, STATUS_LABEL, criterion_label, merged_score, mistake_sections, status_of, \
+    write_text_atomic
 from grader.rubric import TIERS as RUBRIC_TIERS
 from grader.suite import FULL_TRIALS
 
@@ -91,8 +99,9 @@ def markdown(reports: list[dict], elapsed_s: float | None = None, rubric=None, a
     counts = tier_counts(reports)
     label = _label(rubric, audience)
     lines = [f"# Batch summary: {n} submissions", "",
-             f"{n_graded} graded, {statuses.get('not_graded', 0)} not graded, "
-             f"{statuses.get('grader_error', 0)} grader errors. Tiers and rates count graded submissions only.", ""]
+             f"{n_graded} {STATUS_LABEL['graded']}, {statuses.get('not_graded', 0)} {STATUS_LABEL['not_graded']}, "
+             f"{statuses.get('grader_error', 0)} {STATUS_LABEL['grader_error']}s. Tiers and rates count graded "
+             "submissions only; a submission not graded scores 0 in grades.csv.", ""]
     if elapsed_s:
         lines += [f"Graded in {elapsed_s:.0f} s ({60 * n / elapsed_s:.1f} submissions per minute).", ""]
     counts_of = [r["trials"]["random"] for r in graded(reports)
@@ -104,7 +113,8 @@ def markdown(reports: list[dict], elapsed_s: float | None = None, rubric=None, a
                   f"fewer than the {FULL_TRIALS} of a full one (`--trials`).", ""]
     lines += ["| tier | count | share |", "| --- | --- | --- |"]
     lines += [f"| {md(label(t))} | {counts.get(t, 0)} | {_rate(counts.get(t, 0), n_graded)} |" for t in TIERS]
-    lines += ["", "| criterion | passed | rate | failed | not attempted | not measured |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["", f"| criterion | passed | rate | {LABEL['fail']} | {LABEL['not_attempted']} | {LABEL['error']} |",
+              "| --- | --- | --- | --- | --- | --- |"]
     for _, title, status, total in _criterion_counts(reports):
         attempted = total - status["left_out"]
         lines.append(f"| {md(title)} | {status['pass']}/{attempted} | {_rate(status['pass'], attempted)} | "
@@ -114,12 +124,11 @@ def markdown(reports: list[dict], elapsed_s: float | None = None, rubric=None, a
         lines += ["", "| mistake | submissions | share |", "| --- | --- | --- |"]
         lines += [f"| `{m}` | {c} | {_rate(c, n_graded)} |"
                   for m, c in sorted(mistakes.items(), key=lambda kv: (-kv[1], kv[0]))]
-    for status, words in (("not_graded", "Not graded (fix the hand-back)"), ("grader_error", "Grader errors")):
+    for status, words in (("not_graded", "fix the hand-back; scored 0"), ("grader_error", "grade again; no score")):
         apart = [r for r in reports if status_of(r) == status]
         if apart:
-            lines += ["", f"{words} ({len(apart)}):", ""]
-            lines += [f"- {md(r.get('submission'), 200)}: {md(r.get('error') or r.get('tier_reason', ''), 200)}"
-                      for r in apart]
+            lines += ["", f"{STATUS_LABEL[status].capitalize()} ({len(apart)}, {words}):", ""]
+            lines += [f"- {md(r.get('submission'), 200)}: {md(_why(r), 600)}" for r in apart]
     levels = Counter(r.get("isolation", "?") for r in graded(reports))
     if levels:
         lines += ["", "Isolation: " + "; ".join(f"{md(level)} ({c})" for level, c in levels.most_common())]
@@ -130,11 +139,11 @@ def summary_csv(reports: list[dict], rubric=None, audience: str = "hiring") -> s
     """Class-level rows: ``section,id,title,count,total,rate`` (a tier's title in ``audience``'s words)."""
     n = len(reports)
     out = io.StringIO()
-    writer = csv.writer(out)
+    writer = _Writer(out)
     writer.writerow(["section", "id", "title", "count", "total", "rate"])
     for status in ("graded", "not_graded", "grader_error"):
         c = status_counts(reports).get(status, 0)
-        writer.writerow(["status", status, status, c, n, f"{c / n:.4f}" if n else ""])
+        writer.writerow(["status", status, STATUS_LABEL[status], c, n, f"{c / n:.4f}" if n else ""])
     n = len(graded(reports))
     counts = tier_counts(reports)
     label = _label(rubric, audience)
@@ -149,19 +158,38 @@ def summary_csv(reports: list[dict], rubric=None, audience: str = "hiring") -> s
 
 def csv_text(reports: list[dict], rubric=None, audience: str = "hiring") -> str:
     """One row per submission: status, tier (in ``audience``'s words), score, mistakes and each criterion's
-    status (``grades.csv``). A report that was not graded has no tier and no score."""
+    state (``grades.csv``), in the words of every other output. A report that was not graded has no tier;
+    its score is :func:`grader.report.merged_score` (0 for a hand-back that cannot be graded, such as a
+    blank notebook; empty for a grader error) and its reason says what to fix."""
     out = io.StringIO()
-    writer = csv.writer(out)
+    writer = _Writer(out)
     ids = [cid for cid, *_ in rates(reports)]
     writer.writerow(["submission", "status", "tier", "score", "max_score", "mistakes", "error"] + ids)
     for r in reports:
-        status = {c["id"]: c["status"] for c in r.get("criteria", [])} if status_of(r) == "graded" else {}
         graded_ = status_of(r) == "graded"
-        writer.writerow([clean(r.get("submission"), 200), status_of(r),
-                         _label(rubric, audience)(r["tier"]) if graded_ else "", r.get("score") if graded_ else "",
-                         r.get("max_score"), _mistakes_cell(r), clean(r.get("error") or "", 200)]
-                        + [status.get(cid, "") for cid in ids])
+        states = {c["id"]: criterion_label(r, c) for c in r.get("criteria", [])} if graded_ else {}
+        score = merged_score(r)
+        writer.writerow([clean(r.get("submission"), 200), STATUS_LABEL[status_of(r)],
+                         _label(rubric, audience)(r["tier"]) if graded_ else "", "" if score is None else score,
+                         r.get("max_score"), _mistakes_cell(r), "" if graded_ and not r.get("error") else _why(r)]
+                        + [states.get(cid, "") for cid in ids])
     return out.getvalue()
+
+
+class _Writer:
+    """``csv.writer`` whose every cell goes through :func:`grader.inert.csv_cell`."""
+
+    def __init__(self, out):
+        self._writer = csv.writer(out)
+
+    def writerow(self, row: list) -> None:
+        self._writer.writerow([csv_cell(cell, 600) for cell in row])
+
+
+def _why(report: dict) -> str:
+    """A report's reason, whole: its error, else its tier reason without the state's name."""
+    text = clean(report.get("error") or report.get("tier_reason") or "", 600)
+    return text.removeprefix(f"{STATUS_LABEL[status_of(report)]}: ")
 
 
 def write(reports: list[dict], out_dir: str, elapsed_s: float | None = None, rubric=None,
@@ -191,14 +219,15 @@ def print_summary(reports: list[dict], console, rubric=None, audience: str = "hi
     table.add_column("score", justify="right")
     table.add_column("mistakes")
     for r in reports:
+        score = merged_score(r)
         table.add_row(Text(clean(r.get("submission"), 200)), Text(headline(r, rubric, audience)),
-                      f"{r['score']:g}" if status_of(r) == "graded" and isinstance(r.get("score"), (int, float))
-                      else "-",  # a report not graded has no score (as in grades.csv), never 0
-                      Text(clean(_mistakes_cell(r)) or ("-" if status_of(r) == "graded" else clean(r.get("error"), 160))))
+                      f"{score:g}" if score is not None else "-",  # as in grades.csv: a grader error has none
+                      Text(clean(_mistakes_cell(r)) or ("-" if status_of(r) == "graded" else _why(r))))
     console.print(table)
     counts, statuses = tier_counts(reports), status_counts(reports)
     console.print(Text("  ".join(f"{label(t)}: {counts.get(t, 0)}" for t in TIERS)
-                       + f"  |  not graded: {statuses.get('not_graded', 0)}, grader errors: {statuses.get('grader_error', 0)}"))
+                       + f"  |  {STATUS_LABEL['not_graded']}: {statuses.get('not_graded', 0)}, "
+                       f"{STATUS_LABEL['grader_error']}: {statuses.get('grader_error', 0)}"))
     ranked = sorted((row for row in rates(reports) if row[3]), key=lambda row: row[2] / row[3])[:3]
     if ranked:
         console.print(Text("lowest pass rates (of the graded; an optional section left out does not count): "
