@@ -182,11 +182,52 @@ def _read_notebook(path: str):
     return nb
 
 
-def _cell_code(cell) -> str | None:
-    """A code cell's source with shell (``!``) and magic (``%``) lines dropped; None for a cell magic or markdown."""
-    if cell.cell_type != "code" or cell.source.lstrip().startswith("%%"):
+# Cell magics whose body IPython runs as Python in the notebook's own namespace: the body is kept. A
+# ``%%writefile NAME`` cell lays out that file (``_written_files``); any other cell magic (``%%bash``,
+# ``%%html``, ``%%javascript``, ...) is dropped, and a note names it.
+RUN_BODY_MAGICS = ("time", "timeit", "capture", "prun")
+WRITEFILE_MAGIC = "writefile"
+MAX_WRITTEN_FILES = 20  # files a notebook's %%writefile cells may lay out
+# A plain file name in the hand-back's folder: no folder part, no path, nothing hidden.
+WRITABLE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}"
+WRITABLE_SUFFIXES = (".py", ".txt", ".md", ".toml", ".json")  # what the layout reads (text)
+
+
+def _code_lines(source: str) -> str:
+    """``source`` without its shell (``!``) and line-magic (``%``) lines."""
+    return "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+
+
+def cell_parts(cell) -> tuple[str, object] | None:
+    """What a notebook cell is, read as IPython would run it; None for a cell that is not code.
+
+    ``("code", source)``: Python (a ``%%time``, ``%%timeit``, ``%%capture`` or
+    ``%%prun`` cell's body included, nested ones too), shell and line-magic
+    lines dropped; ``("writefile", (arguments, body))``: a ``%%writefile``
+    cell; ``("dropped", magic)``: any other cell magic, by its name.
+    """
+    if cell.cell_type != "code":
         return None
-    return "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    source = cell.source
+    while True:
+        stripped = source.lstrip()
+        if not stripped.startswith("%%"):
+            return "code", _code_lines(source)
+        first, _, body = stripped.partition("\n")
+        words = first[2:].split(None, 1)
+        magic = words[0] if words else ""
+        if magic in RUN_BODY_MAGICS:
+            source = body
+            continue
+        if magic == WRITEFILE_MAGIC:
+            return "writefile", (words[1].strip() if len(words) > 1 else "", body)
+        return "dropped", magic[:40]
+
+
+def _cell_code(cell) -> str | None:
+    """A code cell's Python (``cell_parts``); None for markdown, ``%%writefile`` or another cell magic."""
+    parts = cell_parts(cell)
+    return parts[1] if parts and parts[0] == "code" else None
 
 
 def _bounded(path: str, name: str, source: str) -> str:
@@ -195,11 +236,76 @@ def _bounded(path: str, name: str, source: str) -> str:
     return source
 
 
-def notebook_source(path: str) -> str:
-    """The code cells of a notebook as one module, shell (``!``) and magic (``%``) lines dropped."""
+def _written_files(path: str, nb, notes: list) -> dict[str, str]:
+    """``{file name: text}`` the notebook's ``%%writefile NAME`` (and ``%%writefile -a NAME``) cells write.
+
+    Only a plain file name (``WRITABLE_NAME``: no folder, no absolute path, no
+    ``..``) of a kind the layout reads is written; any other is left out, and a
+    note in ``notes`` says which cell. Each file is bounded as the notebook's
+    code is (``_bounded``).
+
+    Raises:
+        SubmissionError: more than ``MAX_WRITTEN_FILES`` files, with the count.
+    """
+    import re
+    import shlex
+
+    files: dict[str, str] = {}
+    refused = []
+    for number, cell in enumerate(nb.cells, 1):
+        parts = cell_parts(cell)
+        if not parts or parts[0] != "writefile":
+            continue
+        arguments, body = parts[1]
+        try:
+            words = shlex.split(arguments)
+        except ValueError:
+            words = []
+        append = bool(words) and words[0] in ("-a", "--append")
+        names = words[1:] if append else words
+        if len(names) != 1 or not re.fullmatch(WRITABLE_NAME, names[0]) or not names[0].endswith(WRITABLE_SUFFIXES):
+            refused.append(f"cell {number} (%%writefile {arguments[:60]})")
+            continue
+        text = body if body.endswith("\n") or not body else body + "\n"
+        files[names[0]] = files.get(names[0], "") + text if append else text
+        _bounded(path, names[0], files[names[0]])
+    if len(files) > MAX_WRITTEN_FILES:
+        raise SubmissionError(f"{path}: the notebook's %%writefile cells write {len(files):,} files (at most "
+                              f"{MAX_WRITTEN_FILES} are laid out); write only the submission's files "
+                              f"(kv_cache.py, your tests, cost.py, the port)")
+    if refused:
+        notes.append(f"not written: {', '.join(refused[:5])}{' and more' if len(refused) > 5 else ''}: a "
+                     f"%%writefile cell lays out one plain file name ({', '.join(WRITABLE_SUFFIXES)}) inside "
+                     f"the hand-back's folder, never a path")
+    return files
+
+
+def _dropped_magics(nb, notes: list) -> None:
+    """A note naming the cells whose cell magic does not run Python (``%%bash``, ``%%html``): left out."""
+    dropped = [f"cell {number} (%%{parts[1]})" for number, cell in enumerate(nb.cells, 1)
+               for parts in [cell_parts(cell)] if parts and parts[0] == "dropped"]
+    if dropped:
+        notes.append(f"left out {', '.join(dropped[:8])}{f' and {len(dropped) - 8} more' if len(dropped) > 8 else ''}"
+                     f": a cell magic that does not run Python")
+
+
+def notebook_source(path: str, notes: list | None = None) -> str:
+    """A notebook without role markers (a candidate's own) as one module, read as its writer meant it.
+
+    Its definitions (imports that what is kept uses, functions, classes,
+    constant assignments, guarded imports; see ``own_definitions``) are the
+    module, in cell order; its top-level statements (plots, prints, checks,
+    timing loops, ``if __name__ == "__main__":`` blocks) are exploration and
+    are left out, and ``notes``, when given, gets a line listing them.
+    """
     nb = _read_notebook(path)
-    cells = [code for code in map(_cell_code, nb.cells) if code is not None]
-    return _bounded(path, "kv_cache.py", "\n\n".join(_future_first(cells)) + "\n")
+    notes = [] if notes is None else notes
+    cells = [(number, code) for number, cell in enumerate(nb.cells, 1)
+             for code in [_cell_code(cell)] if code is not None]
+    kept, left = own_definitions(cells)
+    if left:
+        notes.append(_left_out_note(os.path.basename(path), left))
+    return _bounded(path, "kv_cache.py", "\n\n".join(p for p in _future_first(kept) if p) + "\n")
 
 
 def _future_first(parts: list[str]) -> list[str]:
@@ -305,27 +411,46 @@ def _exports(cells) -> list[str]:
     return lines
 
 
-def notebook_files(path: str) -> dict[str, str]:
+def notebook_files(path: str, notes: list | None = None) -> dict[str, str]:
     """``{file name: source}``: the notebook at ``path`` laid out as the contract's files.
 
     A notebook with role markers is split by role (``ROLE_FILES``); a role whose
     answer cells (nbgrader's ``solution`` cells) hold only stubs is left out, as
-    not attempted, except the implementation. A notebook without markers is one
-    ``kv_cache.py`` (``notebook_source``).
+    not attempted, except the implementation. A notebook without markers (a
+    candidate's own) is one ``kv_cache.py`` of its definitions
+    (``notebook_source``), unless a ``%%writefile kv_cache.py`` cell writes that
+    file. Files its ``%%writefile`` cells write are laid out beside them
+    (``_written_files``); a role's file wins over one written under its name.
+    ``notes``, when given, gets a line for each thing read otherwise than as
+    it lies (statements left out, cell magics dropped, a file not written).
+
+    Raises:
+        SubmissionError: an unreadable notebook, or more code or files than bounded.
     """
+    notes = [] if notes is None else notes
     nb = _read_notebook(path)
+    written = _written_files(path, nb, notes)
+    _dropped_magics(nb, notes)
     by_role: dict[str, list] = {}
     for cell in nb.cells:
         role = _role(cell)
         if role is not None and _cell_code(cell) is not None:
             by_role.setdefault(role, []).append(cell)
     if not set(by_role) & set(ROLE_FILES):
-        return {"kv_cache.py": notebook_source(path)}
+        if "kv_cache.py" in written:  # the file the writer meant to be the submission: the other cells used it
+            notes.append("kv_cache.py is what the notebook's %%writefile kv_cache.py cell writes; its other cells "
+                         "are not part of it")
+            return written
+        return {**written, "kv_cache.py": notebook_source(path, notes)}
     setup = [_cell_code(c) for c in by_role.get(SETUP_ROLE, [])]
     # Cells the student added have no role: their definitions (imports, functions, classes, constants)
     # go with the implementation, which may use them; anything they run (plots, prints) is left out.
-    added = [_definitions(_cell_code(c)) for c in nb.cells  # nbgrader marks every cell of the kit's own
-             if _role(c) is None and "nbgrader" not in c.get("metadata", {}) and _cell_code(c) is not None]
+    added_cells = [(number, _cell_code(c)) for number, c in enumerate(nb.cells, 1)  # nbgrader marks the kit's own
+                   if _role(c) is None and "nbgrader" not in c.get("metadata", {}) and _cell_code(c) is not None]
+    added, left = own_definitions(added_cells, known=set().union(*map(_top_level_names, setup)) if setup else set(),
+                                  prune_imports=False)
+    if left:
+        notes.append(_left_out_note("the cells you added", left))
     files = {}
     for role, name in ROLE_FILES.items():
         cells = by_role.get(role, [])
@@ -342,28 +467,249 @@ def notebook_files(path: str) -> dict[str, str]:
             parts.append("\n".join(_exports(cells)))
         head = f"# {name}: the cells of {os.path.basename(path)!r} marked {role!r} (kvkit grade wrote this file)."
         files[name] = _bounded(path, name, "\n\n".join([head, *(p for p in _future_first(parts) if p)]) + "\n")
-    return files
+    clash = sorted(set(written) & set(files))
+    if clash:
+        notes.append(f"not written: %%writefile {', '.join(clash)}: the notebook's cells marked for "
+                     f"{'that file' if len(clash) == 1 else 'those files'} make {'it' if len(clash) == 1 else 'them'}")
+    return {**{n: t for n, t in written.items() if n not in files}, **files}
 
 
 def _definitions(source: str) -> str:
-    """The top-level imports, functions, classes and constant assignments of ``source`` (syntax only)."""
+    """The top-level definitions of ``source`` (``own_definitions`` of one cell), as one text (syntax only)."""
+    kept, _ = own_definitions([(1, source)], prune_imports=False)
+    return "\n\n".join(k for k in kept if k)
+
+
+# Builtins a constant's value may call (``NEG_INF = float("-inf")``): they compute, they do not act.
+PURE_BUILTINS = frozenset({"abs", "bool", "complex", "dict", "divmod", "float", "frozenset", "int", "len", "list",
+                           "max", "min", "pow", "range", "round", "set", "str", "sum", "tuple"})
+
+
+def own_definitions(cells: list[tuple[int, str]], known: set[str] | None = None,
+                    prune_imports: bool = True) -> tuple[list[str], list[tuple[int, str]]]:
+    """``(kept, left_out)``: what of a notebook's own code cells is the submission, read as syntax.
+
+    ``cells`` are ``(cell number, Python source)`` in notebook order; ``known``
+    the names defined before them (a classroom notebook's setup cells). Kept,
+    cell by cell (``kept`` holds each cell's kept text, "" for none):
+
+    - imports (with ``prune_imports``, only those that something kept uses, and
+      ``from __future__`` ones: an import only a plot needed is left out);
+    - function and class definitions, with their decorators;
+    - assignments to plain names whose value is settled at definition time: made
+      of constants, names already kept (or builtins), attribute reads,
+      operators, subscripts, containers and lambdas, calling nothing; a name in
+      capitals (two letters or more: ``SCALE = 1 / math.sqrt(64)``,
+      ``DEVICE = torch.device("cpu")``) may also call an imported module's
+      function or a pure builtin, never a random draw (``np.random``) nor the
+      notebook's own code;
+    - ``try`` and ``if`` blocks made only of such definitions (a guarded
+      ``try: import torch`` / ``except ImportError: torch = None``), but never
+      ``if __name__ == "__main__":``.
+
+    Everything else at the top level (calls, prints, plots, loops, asserts,
+    ``cache = KVCache(...)``, ``np.random.seed(0)``) is exploration: in
+    ``left_out`` as ``(cell number, its first line)``. A cell that does not
+    parse as Python is left out whole.
+    """
+    import ast
+    import builtins
+
+    defined = set(dir(builtins)) | {"__name__", "__file__", "__doc__"} | set(known or ())
+    state = {"defined": defined, "imported": set(), "star": False}
+    chosen, left = [], []  # chosen: (cell index, lines, node)
+    for index, (number, source) in enumerate(cells):
+        # A lone surrogate (JSON can carry one) fails to parse: it is "?" here, as in the file written.
+        source = source.encode("utf-8", "replace").decode("utf-8")
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+            left.append((number, f"the whole cell: it does not parse as Python{where}"))
+            continue
+        lines = source.encode("utf-8", "surrogatepass").split(b"\n")  # the cell's code: "\n" ends every line
+        for node in tree.body:
+            if _keep_definition(node, state):
+                chosen.append((index, lines, node))
+            elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):  # a docstring: nothing
+                left.append((number, _first_line(lines, node)))
+    if prune_imports:
+        used = {n.id for _, _, node in chosen if not isinstance(node, (ast.Import, ast.ImportFrom))
+                for n in ast.walk(node) if isinstance(n, ast.Name)}
+        unused = [(index, lines, node) for index, lines, node in chosen
+                  if isinstance(node, (ast.Import, ast.ImportFrom)) and not _import_used(node, used)]
+        for index, lines, node in unused:
+            left.append((cells[index][0], f"{_first_line(lines, node)} (nothing kept uses it)"))
+        chosen = [c for c in chosen if all(c[2] is not u[2] for u in unused)]
+    kept = [[] for _ in cells]
+    for index, lines, node in chosen:
+        kept[index].append(_definition_text(lines, node))
+    return ["\n\n".join(k for k in parts if k) for parts in kept], sorted(left, key=lambda item: item[0])
+
+
+def _top_level_names(source: str) -> set[str]:
+    """Names ``source``'s top-level statements bind (syntax only; none when it does not parse)."""
     import ast
 
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return ""
-    keep = []
-    lines = source.encode("utf-8", "surrogatepass").split(b"\n")  # the cell's code: "\n" ends every line
-    for node in tree.body:
-        constant = isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(
-            getattr(node, "value", None), (ast.Constant, ast.Tuple, ast.List)) and all(
-            isinstance(n, ast.Constant) for n in ast.walk(node.value) if isinstance(n, ast.expr)
-            and not isinstance(n, (ast.Tuple, ast.List)))
-        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
-                or constant:
-            keep.append(_segment(lines, node))
-    return "\n\n".join(k for k in keep if k)
+        return set()
+    return set().union(*(_binds(node) for node in tree.body)) if tree.body else set()
+
+
+def _binds(node) -> set[str]:
+    """The names a top-level statement binds: what it imports, defines or assigns (blocks included)."""
+    import ast
+
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name.split(".")[0]) for a in node.names if a.name != "*"}
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+        node, (ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor)) else []
+    found = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    blocks = []
+    if isinstance(node, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
+        blocks = [node.body, getattr(node, "orelse", [])]
+    elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+        blocks = [node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)]
+    for block in blocks:
+        for child in block:
+            found |= _binds(child)
+    return found
+
+
+def _keep_definition(node, state: dict) -> bool:
+    """Whether top-level statement ``node`` is a definition (``own_definitions``); if so, its names join
+    ``state["defined"]``."""
+    import ast
+
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        state["star"] = state["star"] or any(a.name == "*" for a in node.names)
+        state["imported"] |= _binds(node)
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        pass
+    elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names = [n for t in targets for n in ast.walk(t) if isinstance(n, ast.expr)
+                 and not isinstance(n, (ast.Tuple, ast.List, ast.Starred))]
+        if not names or not all(isinstance(n, ast.Name) for n in names):
+            return False  # an attribute or an item set (``cfg.x = 1``): a statement about something else
+        capitals = all(len(n.id) > 1 and n.id.isupper() for n in names)
+        if node.value is not None and not _settled(node.value, state, calls=capitals):
+            return False
+    elif isinstance(node, ast.If):
+        if _is_main_guard(node.test) or not _settled(node.test, state, calls=False):
+            return False
+        return _keep_block([*node.body, *node.orelse], state)
+    elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+        if not all(h.type is None or _settled(h.type, state, calls=False) for h in node.handlers):
+            return False
+        return _keep_block([*node.body, *(s for h in node.handlers for s in h.body), *node.orelse,
+                            *node.finalbody], state)
+    else:
+        return False
+    state["defined"] |= _binds(node)
+    return True
+
+
+def _keep_block(statements: list, state: dict) -> bool:
+    """Whether every statement of a ``try`` or ``if`` block is a definition or ``pass``; only then do the
+    names they bind join ``state``."""
+    import ast
+
+    trial = {"defined": set(state["defined"]), "imported": set(state["imported"]), "star": state["star"]}
+    if not all(isinstance(s, ast.Pass) or _keep_definition(s, trial) for s in statements):
+        return False
+    state.update(trial)
+    return True
+
+
+def _is_main_guard(test) -> bool:
+    """``__name__ == "__main__"`` (either way round): the notebook's demo, never the submission."""
+    import ast
+
+    if not (isinstance(test, ast.Compare) and len(test.comparators) == 1):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return any(isinstance(n, ast.Name) and n.id == "__name__" for n in sides) and any(
+        isinstance(n, ast.Constant) and n.value == "__main__" for n in sides)
+
+
+def _settled(expr, state: dict, calls: bool) -> bool:
+    """Whether ``expr`` is settled at definition time (``own_definitions``): every name it reads is defined,
+    and it calls nothing (with ``calls``: only an imported module's function or a pure builtin, never a
+    random draw). A lambda's body runs later: only its defaults count."""
+    import ast
+
+    local = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)):
+            return False
+        if isinstance(node, ast.Lambda):
+            stack += [d for d in [*node.args.defaults, *node.args.kw_defaults] if d is not None]
+            continue
+        if isinstance(node, ast.Call) and not (calls and _computes(node.func, state)):
+            return False
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in state["defined"] \
+                and node.id not in local and not state["star"]:
+            return False
+        stack.extend(ast.iter_child_nodes(node))
+    return True
+
+
+def _computes(func, state: dict) -> bool:
+    """``func`` is a pure builtin, or a function reached from an imported module's name (``math.sqrt``,
+    ``np.finfo``), not a random draw or seed (``np.random.*``, ``torch.randn``, ``torch.manual_seed``)."""
+    import ast
+
+    chain = []
+    while isinstance(func, ast.Attribute):
+        chain.append(func.attr)
+        func = func.value
+    if not isinstance(func, ast.Name):
+        return False
+    chain.append(func.id)
+    if len(chain) == 1 and func.id in PURE_BUILTINS and func.id not in state["imported"]:
+        return True
+    return func.id in state["imported"] and "random" not in chain and not chain[0].startswith(("rand", "seed")) \
+        and chain[0] != "manual_seed"
+
+
+def _import_used(node, used: set[str]) -> bool:
+    """Whether an import is kept: ``from __future__``, a star import, or one whose names something kept reads."""
+    if getattr(node, "module", None) == "__future__" or any(a.name == "*" for a in node.names):
+        return True
+    return bool(_binds(node) & used)
+
+
+def _first_line(lines: list[bytes], node) -> str:
+    """The first line of a statement's text, at most 60 characters (for a note)."""
+    text = lines[node.lineno - 1][node.col_offset:].decode("utf-8", "replace").strip()
+    return text if len(text) <= 60 else text[:57].rstrip() + "..."
+
+
+def _definition_text(lines: list[bytes], node) -> str:
+    """A kept statement's source text, its decorators included (a decorated definition's ``lineno`` is the
+    line of its ``def`` or ``class``; its decorators start a line each, above it)."""
+    decorators = getattr(node, "decorator_list", None)
+    if not decorators:
+        return _segment(lines, node)
+    first = min(d.lineno for d in decorators) - 1
+    body = [*lines[first:node.end_lineno - 1], lines[node.end_lineno - 1][:node.end_col_offset]]
+    return b"\n".join(body).decode("utf-8", "surrogatepass")
+
+
+def _left_out_note(what: str, left: list[tuple[int, str]]) -> str:
+    """The note listing what of a notebook's own cells was left out as exploration (a few shown, the rest
+    counted)."""
+    shown = "; ".join(f"cell {number}: {text}" for number, text in left[:6])
+    more = f"; and {len(left) - 6} more" if len(left) > 6 else ""
+    return (f"{what}: kept the definitions (imports, functions, classes, constants); left out as exploration, "
+            f"not run: {shown}{more}")
 
 
 def _imported_modules(source: str) -> set[str]:
@@ -456,12 +802,13 @@ def provide_helpers(workdir: str, sources: list[str]) -> list[str]:
     return written
 
 
-def _write_notebook(path: str, workdir: str, skip: set[str] = frozenset()) -> list[str]:
-    """Write the notebook's files (``notebook_files``) into ``workdir``, those named in ``skip`` excepted."""
+def _write_notebook(path: str, workdir: str, skip: set[str] = frozenset(), notes: list | None = None) -> list[str]:
+    """Write the notebook's files (``notebook_files``) into ``workdir``, those named in ``skip`` excepted;
+    ``notes`` gets ``notebook_files``' notes."""
     # JSON can carry a lone surrogate (\\ud800), which no UTF-8 file can: it becomes "?", as the bytes
     # of a .py file that are not UTF-8 become U+FFFD when it is read.
     files = {name: text.encode("utf-8", "replace").decode("utf-8")
-             for name, text in notebook_files(path).items() if name not in skip}
+             for name, text in notebook_files(path, notes).items() if name not in skip}
     for name, text in files.items():
         with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
             f.write(text)
@@ -556,7 +903,7 @@ def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]
         return _materialize_zip(path, workdir, notes)
     if os.path.isfile(path):
         if path.endswith(".ipynb"):
-            return _write_notebook(path, workdir)
+            return _write_notebook(path, workdir, notes=notes)
         if path.endswith(".py"):
             if os.path.getsize(path) > MAX_FILE_BYTES:
                 raise SubmissionError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
@@ -609,7 +956,7 @@ def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]
                             if n.endswith(".ipynb") and regular(os.path.join(path, d, n)))
             ipynbs = nested if len(nested) == 1 else []
         if ipynbs:  # the folder's own files win over the notebook's
-            written += _write_notebook(os.path.join(path, ipynbs[0]), workdir, skip=set(written))
+            written += _write_notebook(os.path.join(path, ipynbs[0]), workdir, skip=set(written), notes=notes)
     return sorted(written)
 
 

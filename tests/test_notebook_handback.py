@@ -143,7 +143,7 @@ def test_a_lone_surrogate_in_a_cell_is_laid_out_like_the_same_notebook_without_i
     from grader.submission import hand_back_sha256
 
     code = (ROOT / "catalogue" / "examples" / "hire_basic" / "kv_cache.py").read_text()
-    for name, extra in (("control", ""), ("surrogate", "\n# note \ud800\n")):
+    for name, extra in (("control", ""), ("surrogate", "\nNOTE = '\ud800'  # a definition: kept\n")):
         cell = {"cell_type": "code", "metadata": {}, "source": code + extra, "outputs": [], "execution_count": None,
                 "id": "a"}
         (tmp_path / f"{name}.ipynb").write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4,
@@ -151,7 +151,7 @@ def test_a_lone_surrogate_in_a_cell_is_laid_out_like_the_same_notebook_without_i
         (tmp_path / f"work-{name}").mkdir()
         assert materialize(str(tmp_path / f"{name}.ipynb"), str(tmp_path / f"work-{name}")) == ["kv_cache.py"]
         assert hand_back_sha256(str(tmp_path / f"{name}.ipynb")) is not None
-    assert (tmp_path / "work-surrogate" / "kv_cache.py").read_text().endswith("# note ?\n")
+    assert (tmp_path / "work-surrogate" / "kv_cache.py").read_text().endswith("NOTE = '?'\n")
 
 
 def test_a_notebook_without_roles_is_one_kv_cache(tmp_path):
@@ -243,7 +243,10 @@ def test_a_cell_may_open_with_a_future_import(tmp_path, roles):
     compile(source, "kv_cache.py", "exec")  # the SyntaxError it was
     code = [line for line in source.splitlines() if line.strip() and not line.startswith("#")]
     assert code[0] == "from __future__ import annotations" and source.count("from __future__") == 1
-    assert "pass; import math" in source  # the rest of its line stays where it was
+    if roles:
+        assert "pass; import math" in source  # the rest of its line stays where it was
+    else:  # a notebook of its own is read statement by statement (its definitions): the import stands alone
+        assert "\nimport math\n" in source
 
 
 def test_a_long_cell_of_statements_costs_the_grader_linear_time(tmp_path):
