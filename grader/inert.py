@@ -101,8 +101,8 @@ def shorten(text: str, limit: int) -> str:
     opened = _open_brackets(head)
     if opened:
         before = head[:opened[0]]
-        if not before.endswith(" ") and " " in before:  # the bracket opens inside a word: keep none of it
-            before = before[:before.rfind(" ")]
+        if not before.endswith(" "):  # the bracket opens inside a word: keep none of that word
+            before = before[:max(before.rfind(" "), 0)]
         before = before.rstrip(" ,;:")
         if len(before) >= limit // 3:
             head = before
