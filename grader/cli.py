@@ -319,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
             except SystemExit:  # rich's answer to a closed pipe (`| head`): stop printing, keep grading and writing
                 args.quiet = args.pipe_closed = True
             except Exception as exc:  # noqa: BLE001 - the report is safe on disk; say so and go on
-                print(f"{rep.get('submission')!r}: report not shown ({type(exc).__name__})", file=sys.stderr)
+                print(f"{report_mod.clean(rep.get('submission'), 200)!r}: report not shown ({type(exc).__name__})",
+                      file=sys.stderr)
 
     stop = _Interrupt()
     stop.install()

@@ -18,6 +18,7 @@ import re
 from catalogue import mutants
 from grader import variants
 from grader.criteria import Criterion
+from grader.inert import shorten, strip
 
 KEY_MUTANT = mutants.MUST_CATCH
 
@@ -44,7 +45,7 @@ def _why_not_run(run: dict) -> str:
     error = run.get("error")
     if isinstance(error, dict):
         error = f"{error.get('type', '')}: {error.get('message', '')}"
-    return str(error or "pytest did not finish")[:200]
+    return shorten(strip(error or "pytest did not finish"), 200)
 
 
 def _first_failure(run: dict) -> str:
@@ -52,8 +53,8 @@ def _first_failure(run: dict) -> str:
     failed = run.get("failed") or []
     if not failed:
         return ""
-    text = re.sub(r"-?\d+\.\d{4,}(?:[eE][-+]?\d+)?", lambda m: f"{float(m.group()):.3g}", str(failed[0])[:300])
-    return f" (first failure: {text})"
+    text = re.sub(r"-?\d+\.\d{4,}(?:[eE][-+]?\d+)?", lambda m: f"{float(m.group()):.3g}", str(failed[0])[:2000])
+    return f" (first failure: {shorten(strip(text), 240)})"  # cut at a whole value, its brackets closed
 
 
 def criterion(session, files: list[str], task_of=None) -> Criterion:

@@ -293,6 +293,22 @@ def test_a_cut_never_leaves_a_bracket_open_whatever_the_text():
                 (text, limit, cut)  # whole words, unless not even the first one fits
 
 
+def test_a_failing_own_test_is_quoted_to_a_whole_value():
+    """numpy's assert_allclose message, as pytest reports it: the evidence keeps whole values."""
+    from grader import owntests
+
+    message = ("test_mine.py::test_chunked - AssertionError: Not equal to tolerance rtol=1e-07, atol=0 "
+               "Mismatched elements: 12 / 96 (12.5%) Mismatch at index: "
+               + " ".join(f"[{i}]: {-0.50612345 - i / 1e4} (ACTUAL), {-0.5 - i / 1e4} (DESIRED)" for i in range(12))
+               + " Max absolute difference among violations: 0.00612345")
+    shown = owntests._first_failure({"failed": [message]})
+    assert shown.startswith(" (first failure: test_mine.py::test_chunked") and balanced(shown), shown
+    values = set(re.findall(r"-?\d+(?:\.\d+)?", re.sub(r"-?\d+\.\d{4,}", lambda m: f"{float(m.group()):.3g}",
+                                                          message)))
+    assert set(re.findall(r"-?\d+(?:\.\d+)?", shown)) <= values, shown  # no value cut short
+    assert shown.endswith(" ...)"), shown
+
+
 def _opened(text: str) -> list[int]:
     stack = []
     for i, ch in enumerate(text):

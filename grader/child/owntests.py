@@ -40,7 +40,8 @@ def plugin_args(job: dict) -> list[str]:
 
 class _Failures:
     """A pytest plugin that keeps each failed test's id and its error on one line (an explanation in the
-    report, never a verdict: the exit code decides)."""
+    report, never a verdict: the exit code decides), 1,000 characters at most: the parent cuts it shorter
+    at a whole value."""
 
     def __init__(self):
         self.seen: list[str] = []
@@ -50,7 +51,7 @@ class _Failures:
         if report.failed and len(self.seen) < 3:
             lines = [ln for ln in str(report.longrepr).splitlines() if ln.strip()]
             error = next((ln for ln in reversed(lines) if ln.startswith("E ")), lines[-1] if lines else "")
-            self.seen.append(f"{report.nodeid} - could not be collected: {' '.join(error[1:].split())}"[:300])
+            self.seen.append(f"{report.nodeid} - could not be collected: {' '.join(error[1:].split())}"[:1000])
 
     def pytest_runtest_logreport(self, report) -> None:
         if report.failed and len(self.seen) < 3:
@@ -58,7 +59,7 @@ class _Failures:
             lines = str(crash.message if crash is not None else report.longrepr).splitlines()
             # pytest's own advice and "+ where" expansions (array reprs) say nothing to a reader of the report
             kept = [ln for ln in lines if not ln.strip().startswith(("+", "Use -v", "Full diff"))][:8]
-            self.seen.append(f"{report.nodeid} - {' '.join(' '.join(kept).split())}"[:300])
+            self.seen.append(f"{report.nodeid} - {' '.join(' '.join(kept).split())}"[:1000])
 
 
 class _Calls:
