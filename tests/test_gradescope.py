@@ -9,39 +9,57 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
+import tomllib
 import zipfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "catalogue", "examples")
+# Put first on the grading process's path (after the bundle's own source): a bundle that imports the
+# reference solution it does not ship fails here, rather than finding the checkout's through its editable install.
+BLOCK = ("raise ImportError('the autograder bundle imported solutions/, which it does not ship')\n")
 
 
 def build(tmp_path, *extra: str) -> str:
-    out = str(tmp_path / "autograder.zip")
+    out = os.path.join(str(tmp_path), "autograder.zip")
     done = subprocess.run([sys.executable, "-m", "kvkit.cli", "gradescope", out, "--trials", "20", "--timeout", "60",
                            *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return out
 
 
-def gradescope_root(tmp_path, bundle: str) -> str:
-    """``/autograder`` as Gradescope lays it out: source/ (the unzipped bundle), run_autograder, submission/."""
-    root = tmp_path / "autograder"
-    (root / "source").mkdir(parents=True)
+def gradescope_root(tmp_path, bundle: str, keep_modes: bool = True) -> str:
+    """``/autograder`` as Gradescope lays it out: source/ (the unzipped bundle), run_autograder, submission/.
+
+    With ``keep_modes=False`` every file and folder is left readable by all, as an unzip that ignores the
+    zip's modes leaves them: ``run_autograder`` must take that back before a submission runs.
+    """
+    root = os.path.join(str(tmp_path), "autograder")
+    source = os.path.join(root, "source")
+    os.makedirs(source)
     with zipfile.ZipFile(bundle) as zf:
         for info in zf.infolist():
-            zf.extract(info, root / "source")
+            zf.extract(info, source)
             mode = info.external_attr >> 16
-            if mode:
-                os.chmod(root / "source" / info.filename, mode & 0o777)
-    shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
-    (root / "submission").mkdir()
-    return str(root)
+            os.chmod(os.path.join(source, info.filename), mode & 0o777 if mode and keep_modes else 0o755)
+    for folder, dirs, _ in os.walk(source):
+        for d in dirs:
+            os.chmod(os.path.join(folder, d), 0o755)
+    os.chmod(source, 0o755)
+    shutil.copy(os.path.join(source, "run_autograder"), os.path.join(root, "run_autograder"))
+    os.mkdir(os.path.join(root, "submission"))
+    block = os.path.join(str(tmp_path), "block", "solutions")
+    os.makedirs(block, exist_ok=True)
+    with open(os.path.join(block, "__init__.py"), "w") as f:
+        f.write(BLOCK)
+    return root
 
 
-def run_autograder(root: str) -> dict:
-    env = {**os.environ, "KVKIT_AUTOGRADER_ROOT": root, "KVKIT_AUTOGRADER_PYTHON": sys.executable}
+def run_autograder(root: str, **env_extra: str) -> dict:
+    env = {**os.environ, "KVKIT_AUTOGRADER_ROOT": root, "KVKIT_AUTOGRADER_PYTHON": sys.executable,
+           "PYTHONPATH": os.path.join(os.path.dirname(root), "block"), **env_extra}
     done = subprocess.run([os.path.join(root, "run_autograder")], cwd=root, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -54,18 +72,46 @@ def bundle(tmp_path_factory):
     return build(tmp_path_factory.mktemp("bundle"))
 
 
+def interviewer_text() -> list[str]:
+    """Every interviewer question and expected answer of the kit (interview.toml and mistakes.toml)."""
+    with open(os.path.join(ROOT, "catalogue", "interview.toml"), "rb") as f:
+        general = tomllib.load(f)["general"]
+    with open(os.path.join(ROOT, "catalogue", "mistakes.toml"), "rb") as f:
+        mistakes = tomllib.load(f).values()
+    texts = [e[key] for e in [*general, *mistakes] for key in ("question", "answer") if key in e]
+    assert len(texts) > 20
+    return texts
+
+
 def test_bundle_contents(bundle):
     with zipfile.ZipFile(bundle) as zf:
         infos = {i.filename: i for i in zf.infolist()}
         config = json.loads(zf.read("kvkit_autograder.json"))
+        every = {name: zf.read(name).decode("utf-8") for name in infos}
     for script in ("setup.sh", "run_autograder"):
         assert infos[script].external_attr >> 16 & stat.S_IXUSR, script
     assert {"pyproject.toml", "grader/grade.py", "grader/child/zygote.py", "grader/child/tasks.py",
             "grader/sandbox/isolation.py", "grader/sandbox/launch.py", "grader/sandbox/cgroup.py",
-            "solutions/kv_cache.py", "catalogue/mutants.py", "kvkit/cli.py"} <= set(infos)
+            "grader/oracle.py", "grader/bundle_costs.json", "catalogue/mutants.py", "catalogue/mistakes.toml",
+            "kvkit/cli.py"} <= set(infos)
     assert not any(n.startswith(("tests/", ".git", ".venv", "catalogue/examples/")) or "__pycache__" in n
                    for n in infos)
-    assert config == {"timeout": 60.0, "trials": 20, "isolation": "auto", "seed": None}
+    # Nothing to leak: no reference solution, no interviewer question or answer anywhere in the bundle.
+    assert not [n for n in infos if n.startswith(("solutions/", "exercises/", "notebooks/"))]
+    assert "catalogue/interview.toml" not in infos
+    leaked = [(name, text[:60]) for text in interviewer_text() for name, body in every.items() if text in body]
+    assert not leaked
+    shipped = tomllib.loads(every["catalogue/mistakes.toml"])
+    with open(os.path.join(ROOT, "catalogue", "mistakes.toml"), "rb") as f:
+        kit = tomllib.load(f)
+    assert shipped == {m: {k: v for k, v in e.items() if k not in ("question", "answer")} for m, e in kit.items()}
+    # Every file the grader's user's alone, as zipped (run_autograder sets it again on the worker).
+    assert {oct(i.external_attr >> 16 & 0o777) for i in infos.values()} == {"0o600", "0o700"}
+    from grader import costs
+
+    assert json.loads(every["grader/bundle_costs.json"]) == json.loads(json.dumps(costs.computed()))
+    assert config == {"timeout": 60.0, "trials": 20, "isolation": "namespaces", "seed": None,
+                      "allow_no_isolation": False}
 
 
 def test_run_autograder_grades_the_submission(tmp_path, bundle):
@@ -100,10 +146,10 @@ def test_run_autograder_grades_the_submission(tmp_path, bundle):
 
 
 def test_run_autograder_survives_a_cheat(tmp_path, bundle):
-    """A submission that writes its own perfect results.json and reads the reference gets neither."""
+    """A submission that writes its own perfect results.json and runs the grader's oracle gets neither."""
     root = gradescope_root(tmp_path, bundle)
     target = os.path.join(root, "results", "results.json")
-    source = os.path.join(root, "source", "solutions", "kv_cache.py")
+    source = os.path.join(root, "source", "grader", "oracle.py")
     with open(os.path.join(root, "submission", "kv_cache.py"), "w") as f:
         f.write("import json, os\n"
                 "for path in (%r, '/autograder/results/results.json'):\n"
@@ -139,10 +185,197 @@ def test_run_autograder_when_python_is_missing(tmp_path, bundle):
 def test_bundle_options(tmp_path):
     rubric = tmp_path / "rubric.toml"
     shutil.copy(os.path.join(ROOT, "grader", "rubric.toml"), rubric)
-    bundle = build(tmp_path, "--rubric", str(rubric), "--seed", "5", "--isolation", "process")
+    bundle = build(tmp_path, "--rubric", str(rubric), "--seed", "5", "--isolation", "process", "--allow-no-isolation")
     with zipfile.ZipFile(bundle) as zf:
         config = json.loads(zf.read("kvkit_autograder.json"))
         assert "rubric.toml" in zf.namelist()
-    assert config == {"timeout": 60.0, "trials": 20, "isolation": "process", "seed": 5, "rubric": "rubric.toml"}
+    assert config == {"timeout": 60.0, "trials": 20, "isolation": "process", "seed": 5, "rubric": "rubric.toml",
+                      "allow_no_isolation": True}
     bad = subprocess.run([sys.executable, "-m", "kvkit.cli", "gradescope"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2
+    # Without namespaces only by a named opt-out: no bundle is built, and the refusal names it.
+    for level in ("process", "auto"):
+        out = str(tmp_path / f"{level}.zip")
+        refused = subprocess.run([sys.executable, "-m", "kvkit.cli", "gradescope", out, "--isolation", level],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and "--allow-no-isolation" in refused.stderr and not os.path.exists(out)
+
+
+# ---------------------------------------------------------------------- nothing of the kit reaches a submission
+
+# A submission that walks the bundle's folder and opens every file it finds, and every file the bundle holds by
+# its path (a folder it cannot list may still let it open a file by name), then fails to import with what it
+# read: a leak would reach results.json. It also reads a world-readable file beside the bundle (the control:
+# readable wherever the kit's files are not hidden), and marks that it ran.
+SNOOP = r'''
+import os
+BUNDLE, FILES, CONTROL, MARK = {bundle!r}, {files!r}, {control!r}, {mark!r}
+try:
+    open(MARK, "w").close()
+except OSError:
+    pass
+paths = set(FILES)
+for folder, dirs, names in os.walk(BUNDLE):
+    paths.update(os.path.join(folder, n) for n in names)
+stolen = {{}}
+for path in sorted(paths):
+    try:
+        with open(path, "rb") as f:
+            stolen[path] = f.read()
+    except OSError:
+        pass
+own = len(open(__file__, "rb").read()) > 0
+try:
+    control = open(CONTROL).read().strip()
+except OSError:
+    control = "unreadable"
+print("LEAKED", stolen) if stolen else None
+if stolen:
+    raise RuntimeError("LEAKED " + repr(b"".join(stolen.values())[:1500]))
+raise RuntimeError(f"read nothing of {{len(paths)}} files; own file read: {{own}}; control: {{control}}")
+'''
+
+
+@pytest.fixture
+def world_tmp():
+    """A temporary folder any uid may enter (pytest's own are the user's alone, which would hide the bundle
+    from a submission of another uid whatever the bundle's modes)."""
+    path = tempfile.mkdtemp(prefix="kvkit-gradescope-test-")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def snooping_root(tmp: str, bundle: str) -> tuple[str, list[str], str]:
+    """A Gradescope root whose bundle was unzipped readable by all, and the snooping submission in it."""
+    root = gradescope_root(tmp, bundle, keep_modes=False)
+    source = os.path.join(root, "source")
+    files = sorted(os.path.join(folder, n) for folder, _, names in os.walk(source) for n in names)
+    control, mark = os.path.join(tmp, "control.txt"), os.path.join(tmp, "marks", "ran")
+    with open(control, "w") as f:
+        f.write("CONTROL-READ\n")
+    os.chmod(control, 0o644)
+    os.makedirs(os.path.dirname(mark), mode=0o777)
+    os.chmod(os.path.dirname(mark), 0o777)
+    with open(os.path.join(root, "submission", "kv_cache.py"), "w") as f:
+        f.write(SNOOP.format(bundle=source, files=files, control=control, mark=mark))
+    return root, files, mark
+
+
+def assert_read_nothing(results: dict, files: list[str], control: str) -> None:
+    text = json.dumps(results)
+    assert "LEAKED" not in text
+    assert f"read nothing of {len(files)} files; own file read: True; control: {control}" in text, text[:3000]
+    # Nor any of the kit's text by another way (the oracle's docstring, the shell scripts, the costs).
+    assert "The direct reference the grader trusts" not in text and "find_python" not in text
+    assert "kv_bytes_per_token(32, 8, 128, 2)" not in text
+
+
+def namespaces_available() -> bool:
+    from grader.sandbox import isolation
+
+    chosen = isolation.choose("namespaces")
+    return chosen.wrap is not None and chosen.wrap.namespaces
+
+
+def test_a_submission_reads_nothing_of_the_bundle_with_namespaces(world_tmp, bundle):
+    if os.environ.get("KVKIT_NO_NAMESPACES") or not namespaces_available():
+        pytest.skip("this machine offers no Linux namespaces (the bundle would refuse to grade: see "
+                    "test_a_bundle_without_the_opt_out_grades_nothing_without_namespaces)")
+    root, files, mark = snooping_root(world_tmp, bundle)
+    results = run_autograder(root)
+    assert len(files) > 40 and os.path.exists(os.path.join(root, "source", "grader", "oracle.py"))
+    # The kit's folders are not there at all (the control outside them is not either): nothing to read.
+    assert_read_nothing(results, files, "unreadable")
+    assert results["extra_data"]["isolation"].startswith("namespaces")
+    assert not [t for t in results["tests"] if t["name"] == "NO ISOLATION"]
+    # The bundle is the grader's alone on disk too, though it was unzipped readable by all.
+    assert not [p for p in files + [os.path.join(root, "source")] if os.lstat(p).st_mode & 0o077]
+
+
+def _open_to_all(path: str) -> bool:
+    """Whether any uid may reach ``path``: every folder above it lets others in."""
+    path = os.path.realpath(path)
+    parents = [os.path.dirname(path)]
+    while parents[-1] != os.path.dirname(parents[-1]):
+        parents.append(os.path.dirname(parents[-1]))
+    return all(os.stat(p).st_mode & stat.S_IXOTH for p in parents) and bool(os.stat(path).st_mode & stat.S_IROTH)
+
+
+@pytest.fixture(scope="module")
+def python_for_another_uid():
+    """The grading Python as ``setup.sh`` makes one, which the submission's uid may run too: this one where any
+    uid can reach it, else a virtualenv of the system's Python of the same version over this one's
+    site-packages (the kit's Python may sit in root's home, which no other uid may enter)."""
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
+    if not _open_to_all(site) or site != sysconfig.get_paths()["platlib"]:
+        pytest.skip(f"another uid cannot read the kit's site-packages ({site})")
+    if _open_to_all(sys.executable):
+        yield sys.executable
+        return
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    system = next((p for p in (f"/usr/bin/{version}", f"/usr/local/bin/{version}")
+                   if os.path.exists(p) and _open_to_all(p)), None)
+    if system is None:
+        pytest.skip(f"no {version} that another uid may run (the kit's is {sys.executable})")
+    folder = tempfile.mkdtemp(prefix="kvkit-gradescope-venv-")
+    os.chmod(folder, 0o755)
+    try:
+        venv = os.path.join(folder, "venv")
+        subprocess.run([system, "-m", "venv", "--without-pip", venv], check=True, capture_output=True, timeout=60)
+        own_site = os.path.join(venv, "lib", version, "site-packages")
+        shutil.rmtree(own_site)
+        os.symlink(site, own_site)
+        python = os.path.join(venv, "bin", "python")
+        subprocess.run([python, "-c", "import numpy"], check=True, capture_output=True, timeout=60)
+        yield python
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def bundle_no_isolation(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("bundle_no_isolation"), "--allow-no-isolation")
+
+
+def test_a_submission_reads_nothing_of_the_bundle_without_namespaces(world_tmp, bundle_no_isolation,
+                                                                    python_for_another_uid):
+    if os.geteuid() != 0:
+        pytest.skip("the bundle grades without namespaces only as root (Gradescope runs run_autograder as root), "
+                    "where the submission gets a uid of its own; as another user it grades nothing (tested beside)")
+    root, files, mark = snooping_root(world_tmp, bundle_no_isolation)
+    # A worker without namespaces, the opt-out built in.
+    results = run_autograder(root, KVKIT_NO_NAMESPACES="1", KVKIT_AUTOGRADER_PYTHON=python_for_another_uid)
+    assert os.path.exists(mark) and os.stat(mark).st_uid != 0  # it ran, as a uid of its own
+    # The control beside the bundle was read: only the bundle's modes kept the submission out of it.
+    assert_read_nothing(results, files, "CONTROL-READ")
+    assert results["extra_data"]["isolation"].startswith("process (own uid")
+    # Every result tells the staff, in a test only they see; the student's own output does not say it.
+    staff = [t for t in results["tests"] if t["name"] == "NO ISOLATION"]
+    assert len(staff) == 1 and staff[0]["visibility"] == "hidden" and staff[0]["max_score"] == 0
+    assert staff[0]["output"].startswith("NO ISOLATION: this worker offers no Linux namespaces")
+    assert "graded anyway: the submission ran as a uid of its own" in staff[0]["output"]
+    assert "NO ISOLATION" not in results["output"]
+    assert not [p for p in files + [os.path.join(root, "source")] if os.lstat(p).st_mode & 0o077]
+
+
+def test_a_bundle_without_the_opt_out_grades_nothing_without_namespaces(world_tmp, bundle):
+    root, files, mark = snooping_root(world_tmp, bundle)
+    results = run_autograder(root, KVKIT_NO_NAMESPACES="1")
+    assert not os.path.exists(mark)  # the submission never ran
+    assert results["score"] == 0 and "could not isolate your code" in results["output"]
+    assert "NO ISOLATION" not in results["output"]
+    [staff] = results["tests"]
+    assert staff["name"] == "NO ISOLATION" and staff["visibility"] == "hidden"
+    assert staff["output"].startswith("NO ISOLATION, NOTHING GRADED") and "--allow-no-isolation" in staff["output"]
+
+
+def test_the_bundle_names_a_mistake_without_the_reference(tmp_path, bundle_no_isolation):
+    """Diagnosis plants the catalogue's mistakes around the grader's oracle: the bundle names missing_scale by
+    reproduction, with no solutions/ to import (the blocker on the path fails any import of it)."""
+    root = gradescope_root(tmp_path, bundle_no_isolation)
+    shutil.copy(os.path.join(EXAMPLES, "missing_scale", "kv_cache.py"), os.path.join(root, "submission"))
+    results = run_autograder(root)
+    assert results["extra_data"]["mistakes"] == ["missing_scale"], results["output"]

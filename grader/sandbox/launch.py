@@ -145,7 +145,7 @@ def child_env(workdir: str) -> dict:
 _LIBC = None
 
 
-def _preexec(limits: Limits, join=None):
+def _preexec(limits: Limits, join=None, uid: int | None = None):
     global _LIBC
     if _LIBC is None and sys.platform.startswith("linux"):
         import ctypes
@@ -161,8 +161,14 @@ def _preexec(limits: Limits, join=None):
             resource.setrlimit(kind, (value, value))
         if join is None:  # no cgroup: address space is the only memory bound left
             resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        if uid is not None:
+            # A uid of its own, dropped here rather than by Popen (which drops it before this function runs):
+            # only the grader's uid may move the child into the cgroup above.
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
         if libc is not None:
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the grader
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the grader (after the uid change)
             libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # no setuid binary gives it privileges back
 
     return apply
@@ -415,12 +421,12 @@ def _start(command: list[str], workdir: str, job: str, limits: Limits, isolation
     if uid is None and hasattr(os, "getuid") and os.getuid() != 0:
         # The child keeps our uid, and RLIMIT_NPROC counts every task of it: leave room for ours.
         limits = dataclasses.replace(limits, processes=limits.processes + len(_processes_of(os.getuid())) * 64)
-    as_user = {"user": uid, "group": uid, "extra_groups": []} if uid is not None and not namespaces else {}
+    drop = uid if uid is not None and not namespaces else None  # inside the namespaces, their init drops it
     with FORK_LOCK:
         proc = subprocess.Popen(command, cwd=workdir, env=child_env(workdir), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                preexec_fn=_preexec(limits, group.join_fn() if group else None),
-                                start_new_session=True, close_fds=True, pass_fds=fds, **as_user)
+                                preexec_fn=_preexec(limits, group.join_fn() if group else None, drop),
+                                start_new_session=True, close_fds=True, pass_fds=fds)
     return proc, uid, namespaces
 
 
