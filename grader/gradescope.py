@@ -389,7 +389,7 @@ def autograde(root: str) -> int:
             report_mod.print_report(report, rubric=options.rubric, audience="class")
     except Exception as exc:  # noqa: BLE001 - the student must still get a results.json
         traceback.print_exc()
-        results = _failure(f"The autograder failed ({type(exc).__name__}: {str(exc)[:200]}). "
+        results = _failure(f"The autograder failed ({type(exc).__name__}: {report_mod.clean(str(exc), 200)}). "
                            "Please tell the course staff.")
     if staff:  # in every results.json of a worker without namespaces, for the staff alone
         results.setdefault("tests", []).append(staff_test(staff))
