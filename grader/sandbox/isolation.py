@@ -10,10 +10,12 @@ loopback that is down, as a uid of its own with ``no_new_privs``. A tiny init
 kernel kills every process it started.
 
 ``process``: the child process alone (``-I -S``, a private working directory,
-a minimal environment, rlimits, ``no_new_privs``, an audit-hook guard, a
-wall-clock kill of its process group), plus a uid of its own where the machine
+a minimal environment, rlimits, ``no_new_privs``, a wall-clock kill of its
+process group), plus a uid of its own where the grader is root and the machine
 lets the interpreter run as one (then ``RLIMIT_NPROC`` bounds a fork bomb and a
-sweep by uid takes back anything that escaped the group).
+sweep by uid takes back anything that escaped the group). Nothing here hides a
+file: the child reads whatever its uid may read, so only files that uid cannot
+read are out of its reach (the Gradescope bundle makes its kit the grader's alone).
 
 :func:`choose` probes the best level once per process by running a trivial
 child through it, and falls back with a warning. Run as a script, this file is
