@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 import time
 
@@ -238,7 +237,7 @@ def write_markdown(path: str, reports: list[dict], rubric=None, audience: str = 
     images = {}
     for i, r in enumerate(reports):
         for kind, pic in ((r.get("diagnosis") or {}).get("pictures") or {}).items():
-            name = f"{i:03d}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', str(r.get('submission')))[:60]}-{kind}.png"
+            name = f"{i:03d}-{kind}.png"  # by position: no text of the submission's in a path or a link
             pictures.save(pic, kind, os.path.join(folder, name))
             images.setdefault(i, []).append((kind, f"{stem}-img/{name}"))
     write_text_atomic(path, markdown(reports, rubric, audience, images))
