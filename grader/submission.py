@@ -876,8 +876,9 @@ def check_count(path: str, files: list[str]) -> None:
     most = [f for f, n in under.items() if n * 2 > len(files)]
     top = max(most, key=lambda f: f.count("/"), default="")
     where = f", {under[top]:,} of the files under {top[:80]}/" if top else ""
+    folders = f"{len(under):,} folder{'s' if len(under) != 1 else ''}"
     raise SubmissionError(
-        f"{path}: the hand-back holds {len(files):,} files in {len(under):,} folders to lay out{where} (at most "
+        f"{path}: the hand-back holds {len(files):,} files in {folders} to lay out{where} (at most "
         f"{MAX_LAID_OUT:,} files and folders together are read); hand back only your work (kv_cache.py, your "
         f"tests, cost.py, the port) without generated files, data or environments")
 
@@ -1102,8 +1103,10 @@ def _materialize_zip(path: str, workdir: str, notes: list) -> list[str]:
                 if venvs and any("/".join(parts[:k]) + "/" in venvs for k in range(1, len(parts))):
                     continue
                 picked.append((info, parts))
-            # The files the layout would read, counted before any is extracted (the zip's top folder too).
-            check_count(path, ["/".join(parts) for _, parts in picked])
+            # The files the layout would read, counted before any is extracted, as from inside the zip's one
+            # top folder (the folder a hand-back zipped holds), as a folder hand-back is counted.
+            check_count(path, ["/".join(parts[1:] if top and parts[0] + "/" == top and len(parts) > 1 else parts)
+                               for _, parts in picked])
             for info, parts in picked:
                 name = info.filename
                 if info.file_size > MAX_FILE_BYTES or total + info.file_size > MAX_TOTAL_BYTES:
