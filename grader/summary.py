@@ -93,6 +93,8 @@ def _label(rubric, audience):
 
 
 def markdown(reports: list[dict], elapsed_s: float | None = None, rubric=None, audience: str = "hiring") -> str:
+    """``summary.md``: status and tier counts, each criterion's pass rate, the mistakes named, and the
+    hand-backs not graded with what to fix; every text of a submission's through :func:`grader.inert.md`."""
     n = len(reports)
     statuses = status_counts(reports)
     n_graded = statuses.get("graded", 0)
@@ -207,6 +209,8 @@ def _mistakes_cell(report: dict) -> str:
 
 
 def print_summary(reports: list[dict], console, rubric=None, audience: str = "hiring") -> None:
+    """The batch's table on ``console``: each submission's verdict, score (as in grades.csv) and mistakes
+    or reason, rich ``Text`` (markup off) after :func:`grader.inert.clean`; then the counts."""
     from rich.table import Table
     from rich.text import Text
 
