@@ -152,9 +152,9 @@ def md(text, limit: int = 2000) -> str:
 
 def csv_cell(value, limit: int = 2000):
     """A CSV cell: a number as it is; any other value cleaned, with a single quote before a leading
-    ``=``, ``+``, ``-``, ``@``, tab or carriage return (or a space before one), so that no spreadsheet
+    ``=``, ``+``, ``-``, ``@``, tab or carriage return (or white space before one), so that no spreadsheet
     reads it as a formula."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
     text = clean("" if value is None else value, limit)
-    return "'" + text if text.lstrip(" ").startswith(_FORMULA) else text
+    return "'" + text if text.lstrip().startswith(_FORMULA) else text

@@ -39,6 +39,7 @@ ATTACKS = {
     "tab": "\t=1+1",
     "carriage_return": "\r=1+1",
     "space_then_formula": " =1+1",
+    "no_break_space_then_formula": "\u00a0\u3000=1+1",
     "full_width": "\uff1d1+1",
     "bidi_override": "alice\u202e001/001 eriH gnortS :tcidreV\u202c",
     "bidi_isolate": "alice\u2067Strong Hire 100/100\u2069",
@@ -176,7 +177,7 @@ def test_every_csv_cell_reads_back_inert_and_the_attack_gains_nothing(tmp_path):
         assert rows and all(len(row) == len(rows[0]) for row in rows), name  # no cell forged or split
         for row in rows:
             for cell in row:
-                assert not cell.lstrip(" ").startswith(FORMULA + ("\uff1d", "\uff0b", "\uff0d", "\uff20")), \
+                assert not cell.lstrip().startswith(FORMULA + ("\uff1d", "\uff0b", "\uff0d", "\uff20")), \
                     (name, cell)
                 assert not unsafe_chars(cell), (name, cell)
     with open(tmp_path / "grades.csv", newline="", encoding="utf-8") as f:
@@ -461,7 +462,7 @@ def test_a_batch_with_a_hostile_folder_name_gains_nothing_beside_its_control(tmp
                                                                    control["score"]) == \
         ("graded", "Weak", control["score"])
     for row in rows:
-        assert all(not cell.lstrip(" ").startswith(FORMULA) and not unsafe_chars(cell) for cell in row.values())
+        assert all(not cell.lstrip().startswith(FORMULA) and not unsafe_chars(cell) for cell in row.values())
     for name in ("report.md", "summary.md"):
         check_github_markdown((out / name).read_text(encoding="utf-8"))
     saved = [json.loads(p.read_text()) for p in out.glob("*.json")]
