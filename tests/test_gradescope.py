@@ -13,6 +13,7 @@ import tempfile
 import tomllib
 import zipfile
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -373,9 +374,48 @@ def test_a_bundle_without_the_opt_out_grades_nothing_without_namespaces(world_tm
 
 
 def test_the_bundle_names_a_mistake_without_the_reference(tmp_path, bundle_no_isolation):
-    """Diagnosis plants the catalogue's mistakes around the grader's oracle: the bundle names missing_scale by
-    reproduction, with no solutions/ to import (the blocker on the path fails any import of it)."""
+    """Diagnosis plants the catalogue's mistakes around the grader's oracle, and cost.py is checked against the
+    figures the bundle carries: the bundle names missing_scale by reproduction and passes a right cost.py, with
+    no solutions/ to import (the blocker on the path fails any import of it)."""
     root = gradescope_root(tmp_path, bundle_no_isolation)
-    shutil.copy(os.path.join(EXAMPLES, "missing_scale", "kv_cache.py"), os.path.join(root, "submission"))
+    for name in ("kv_cache.py", "cost.py"):
+        shutil.copy(os.path.join(EXAMPLES, "missing_scale", name), os.path.join(root, "submission"))
     results = run_autograder(root)
-    assert results["extra_data"]["mistakes"] == ["missing_scale"], results["output"]
+    assert "missing_scale" in results["extra_data"]["mistakes"], results["output"]
+    [cost] = [t for t in results["tests"] if "cost.py" in t["name"]]
+    assert cost["score"] == cost["max_score"] > 0, cost
+
+
+def test_mistakes_planted_around_the_oracle_are_the_references():
+    """What diagnosis plants around the grader's oracle gives the outputs it gave around the reference solution,
+    for every reproduced variant on the smallest hidden trials (float32 ones included)."""
+    import types
+
+    from catalogue import mutants
+    from grader import diagnose, jobs, suite
+    from grader.child import tasks as child_tasks
+    from solutions import kv_cache as reference
+
+    def planted_on_reference(variant, trial):
+        KVCache, attention = mutants.plant(variant, reference.KVCache, reference.gqa_attention)
+        spec, data = jobs.encode([trial])
+        records, flat = child_tasks.run_trials(types.SimpleNamespace(KVCache=KVCache, gqa_attention=attention),
+                                               spec["trials"], data)
+        flat = iter(flat)
+        return [next(flat).reshape(s.q.shape) if records[0][i].get("stored") else None
+                for i, s in enumerate(trial.steps) if i < len(records[0])]
+
+    trials = sorted(suite.hidden_suite(11, count=20), key=lambda t: t.size)
+    trials = trials[:30] + [t for t in trials if t.dtype == "float32"][:5]
+    compared = 0
+    for trial in trials:
+        for variant in (v for vs in diagnose.REPRODUCED.values() for v in vs):
+            ours, theirs = diagnose._run_variant(variant, trial), planted_on_reference(variant, trial)
+            for step, a, b in zip(trial.steps, ours, theirs):
+                assert (a is None) == (b is None), (trial.name, variant)
+                if a is not None:
+                    real = (np.arange(a.shape[2])[None, :] < step.n_new[:, None])[:, None, :, None]
+                    real = np.broadcast_to(real, a.shape)
+                    np.testing.assert_allclose(a[real], b[real], rtol=1e-6, atol=1e-6, err_msg=f"{trial.name} {variant}")
+                    compared += 1
+    assert compared > 200
