@@ -11,7 +11,7 @@ which grades ``/autograder/submission`` and writes
   writes a zero-score ``results.json`` itself if even that fails, so a student
   never sees a bare crash;
 * ``kvkit_autograder.json``: the grading options chosen when the bundle was
-  built (timeout, trials, isolation, seed, rubric);
+  built (timeout, trials, isolation, seed, rubric, allow_no_isolation);
 * the kit's packages that grading needs (``kvkit``, ``grader``, ``catalogue``) and
   ``pyproject.toml``, and the figures computed where the kit is
   (``grader/bundle_costs.json``, ``grader/bundle_fingerprints.json``). No
@@ -129,6 +129,7 @@ exit 0
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of ``kvkit gradescope``."""
     p = argparse.ArgumentParser(prog="kvkit gradescope", description=__doc__.split("\n\n")[0])
     p.add_argument("out", nargs="?", metavar="OUT.zip", help="where to write the autograder bundle")
     p.add_argument("--timeout", type=float, default=120.0, help="wall-clock seconds per sandboxed run (default 120)")
