@@ -1,68 +1,10 @@
 """From measurements to criteria: each rubric criterion's status, evidence and mistakes.
 
 Every function here reads data the parent already holds (step verdicts from
-``compare``, probe measurements the child reported) and decides one criterion.
-Nothing is guessed from source. Thresholds, with their reasons:
-
-* ``concat_growth``: 300 one-token appends after a prefill add 0.5x the live
-  K/V or more to the peak of the prefill alone (a copy holds old and new), or
-  CPU time worth 150 copies of the cache, a copy's CPU time measured by the
-  parent in the same run (a copy per append is 300; in place, next to nothing
-  of either. On this 2-core machine, two batches of every example side by
-  side: the in-place examples up to +0.23x and 36 copies, the cache that
-  grows in capacity steps +1.0x to +1.1x, the concatenating one +0.64x and
-  1,074 to 1,293 copies; a copy timed by the wall clock had once shrunk the
-  last to 90. The memory figures hold only because every task allocates the same
-  way, whatever ran before it: ``grader.child.zygote`` fixes glibc's mmap threshold;
-  left to move, it put an in-place cache at +0.9x in one run of four). The
-  run of the prefill alone, subtracted from the appends' run, counts for at
-  most 50 copies: it ends differently, so a cache can tell it apart and make
-  it dearer, and the appends' CPU must still show. Appends so
-  dear that their run is stopped for its time are named by the kernel's CPU
-  figure up to the stop, when it is past the limit (else nothing is judged).
-  The probe fills 2,048 tokens (16 MiB of live K/V at 32/8): a mask table of
-  max_len^2 entries made with the cache (nanoGPT's float64 buffer of ones: 45
-  MB there) faults its pages in by a time that varies from run to run (system
-  time; 0.3 to 3.2 s for the same table at 8,192 tokens, measured), and at this
-  size that stays below the copies that name a mistake.
-* ``kv_repeat``: a decode step's process peaks max(1.5, 0.3 (G - 1)) times the
-  live K/V or more above the same decode at G = 1 (its twin: the same cache,
-  tokens and max_len). A repeat of K alone adds about (G - 1)/2, of K and V
-  G - 1; honest code adds what its scores add, a few percent. The submission
-  can tell the twin and each layout apart (it sees q's heads) and hold as
-  much at G = 1, so at every layout (128/8, 64/8, 32/8: 8 KV heads, where a
-  gpt-fast mask table of max_len^2 entries is small beside the live K/V) a
-  peak of max(7.5, 1 + 0.4 G) times the live K/V fails the criterion whatever
-  the twin holds, without naming a mistake: a repeat of K and V held at once
-  peaks 1 + G (9x at G = 8), half of it at a time 1 + G/2 (9x at G = 16).
-  Honest code holds about 2x, and up to about 5x with float64 working copies
-  of K and V (measured 4.7x) or a float mask table of max_len^2 entries made
-  with the cache (3.3x in float32, 4.5x in nanoGPT's float64, at the probes'
-  2,048 tokens), 6.4x with both, so a repeat at G = 4 alone (5x) cannot be
-  told from it by memory.
-* ``max_len_scan``: the same 64 decode steps take at least 3x the CPU time in an
-  8x larger reservation, the cheaper of two runs of each (what else runs on
-  the machine only adds CPU time: an honest cache's larger run once took 2.8x
-  its smaller one), less what making the cache and prefill (run alone) costs
-  more in the larger reservation, so that a cache zeroed whole when made
-  (torch.zeros, as gpt-fast) is judged by its decode steps. The reservation past the live tokens was
-  never written, so a scan reads the kernel's zero page there, cheaply: the
-  scanning examples measured 5.0x to 6.0x (single whole runs 4.1x to 7.8x,
-  below 4x once in CI), the honest ones 0.8x to 1.4x, every example graded
-  in two batches side by side (seeds 101 and 404). The making runs are run
-  twice too, the cheaper counting. A cache whose making costs more than 0.1 s
-  more in the larger reservation is not judged: a table of max_len^2 entries
-  made with the cache (gpt-fast's mask) costs 0.3 to 9 s there, from run to
-  run of the same code (page faults), beside 0.1 s of decode steps, so no
-  figure tells the steps' time apart (at 0.25 s, a bool table's making was
-  once judged, and a real scan named, in one seed of five); a cache without
-  one differs by 0.06 s at most (measured). Code that can tell the larger
-  reservation's making run apart can spend up to that 0.1 s there, taken off
-  its decode steps: wasted time can hide a cheap scan, as docs/security.md
-  says.
-
-Memory and CPU figures are the kernel's, taken from outside the submission's
-process (``grader.sandbox.launch``).
+``compare``, the kernel's figures of each probe's parts, taken between its
+marks by ``grader.sandbox.launch``) and decides one criterion. Nothing is
+guessed from source. The bounds are ratios, each defined once in
+``grader.bounds``; how they were measured is docs/measurement.md.
 """
 from __future__ import annotations
 
@@ -70,26 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from grader.bounds import BOUNDS, call_held_limit, task_held_limit
 from grader.compare import Comparison, StepVerdict, first_failure
 
-REPEAT_FACTOR = 0.3  # of (G - 1) x the live K/V, above the twin at G = 1: the extra peak that names a repeat
-REPEAT_MIN_EXTRA = 1.5  # ... and never below 1.5x the live K/V
-REPEAT_HELD = 0.4  # of G x the live K/V: a peak that fails at a layout whatever its twin holds ...
-# ... and never below 7.5x: honest code can hold up to about 6.5x (K and V upcast to float64 with a contiguous
-# K^T, 4.7x, beside a float64 mask table of max_len^2 entries: 6.2x to 6.4x, measured). A whole repeat held at
-# once clears it at G = 8 (9x), not at G = 4 (5x); half of one at G = 16 (9x).
-REPEAT_HELD_FLOOR = 7.5
-
-
-def held_bound(G: int) -> float:
-    """The peak, in live K/V, at or above which a decode at group size ``G`` holds memory per query head."""
-    return max(REPEAT_HELD_FLOOR, 1 + REPEAT_HELD * G)
-GROWTH_FRACTION = 0.5  # extra peak of the appends, in live K/V, that names growth by copying
-PREFILL_LIMIT = 2.5  # what one prefill adds to the empty cache's peak, in live K/V: the cache, a copy of the input, slack
-GROWTH_COPIES = 150.0  # CPU time of the 300 appends, in copies of the live K/V, that names it too (one in two)
-PREFILL_COPIES = 50.0  # the most CPU time, in copies, subtracted for the prefill alone (honest: a few copies)
-SCAN_RATIO = 3.0  # see the module docstring: between honest code's 1.4x and a scan's 5x
-MAKING_LIMIT_S = 0.1  # see the module docstring: what making the cache may cost more in the larger reservation
 PROBE_TOLERANCE = 1e-4  # float32 probe outputs against the float64 computation
 
 
@@ -137,8 +62,10 @@ def correctness(cid: str, steps: list[StepVerdict], what: str, refusable: list[S
     failing = [s for s in steps if s.status != "ok"]
     ran = [s for s in refusable or [] if s.status != "not_run"]
     if refusable is not None and ran and all(_refused(s) for s in failing) and all(_refused(s) for s in ran):
+        # Charged once: the other checks are judged on the calls the refusal does not touch.
         return Criterion(cid, "not_attempted",
-                         f"{what} refused with a clear error ({bad.error.get('type')}: {bad.error.get('message')})")
+                         f"{what} refused with a clear error, charged here only ({bad.error.get('type')}: "
+                         f"{bad.error.get('message')}); the other checks are judged on the calls it does not touch")
     how = {"wrong": f"wrong output (max error {bad.max_error:.1e})", "raised": bad.detail,
            "bad_output": bad.detail, "not_run": bad.detail}[bad.status]
     return Criterion(cid, "fail", f"{len(failing)} of {len(steps)} {what} steps fail; first: {_where(bad)}: {how}",
@@ -238,12 +165,13 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def probe_failure(task, config: dict, expected, check_output: bool = True) -> str:
-    """Why a probe task gives no figure to decide on ("" when it ran and its output is right).
+def probe_failure(task, built, check_output: bool = True) -> str:
+    """Why a probe task gives no figure to decide on ("" when it ran, made every mark its calls call for,
+    and its outputs are right).
 
-    ``check_output`` is off when decode is wrong on the hidden trials too: a wrong
-    probe output is then that same mistake, not a "measurement mode", and the
-    figure stands. The stored keys of an append-only probe are always checked.
+    ``built`` is the probe's ``grader.probes.Built`` (its marks and expected outputs). ``check_output`` is
+    off when decode is wrong on the hidden trials too: a wrong probe output is then that same mistake, not
+    a "measurement mode", and the figure stands. The stored keys of an append-only probe are always checked.
     """
     if task is None:
         return "the probe did not run (the session ended before it)"
@@ -254,17 +182,24 @@ def probe_failure(task, config: dict, expected, check_output: bool = True) -> st
     if "error" in answer:
         err = answer["error"] if isinstance(answer["error"], dict) else {}
         return f"raised {err.get('type')}: {err.get('message')}"
-    records = (answer.get("records") or [[]])[0] if isinstance(answer.get("records"), list) else []
+    if answer.get("import"):
+        err = answer["import"] if isinstance(answer["import"], dict) else {}
+        return f"failed to import: {err.get('type')}: {err.get('message')}"
+    records = [r for trial in answer.get("records") or [] if isinstance(trial, list) for r in trial] \
+        if isinstance(answer.get("records"), list) else []
     failed = next((r for r in records if isinstance(r, dict) and r.get("stage") in ("init", "append", "attention")),
                   None)
     if failed is not None:
         err = failed.get("error") or {}
         return f"raised {err.get('type')} in {failed.get('stage')}: {err.get('message')}"
+    if len(task.points) != len(built.marks) + 3:  # after the import, one per call boundary, after the calls, the end
+        return (f"its measurement marks did not follow its calls ({max(len(task.points) - 1, 0)} marks where "
+                f"{len(built.marks) + 2} were due)")
     got = np.frombuffer(task.blob, dtype="<f8") if len(task.blob) % 8 == 0 else np.zeros(0)
-    want = np.asarray(expected).ravel()
+    want = np.asarray(built.expected).ravel()
     if got.size < want.size:
         return f"returned {got.size} values for an output of {want.size}"
-    got = got[got.size - want.size:]  # the last output: the last decode step's, or the stored keys
+    got = got[got.size - want.size:]  # the last outputs: the measured calls', or the stored keys
     if not check_output and not any(isinstance(r, dict) and r.get("stage") == "tail" for r in records):
         return ""
     err = float(np.max(np.abs(got - want))) if want.size else 0.0
@@ -273,138 +208,159 @@ def probe_failure(task, config: dict, expected, check_output: bool = True) -> st
     return ""
 
 
+def _layout(config: dict) -> str:
+    return (f"Hq/Hkv = {config['Hkv'] * config['G']}/{config['Hkv']}, d = {config['d']}, {config['dtype']}"
+            + (f" ({config['layout']})" if config.get("layout") else ""))
+
+
+# The attention calls of a memory probe, by the index of the part (between two marks) each is alone in.
+MEMORY_CALLS = {"full prefill": 1, "decode": 3, "chunked prefill": 5}
+
+
+def _call_live(config: dict, call: str) -> int:
+    """The K/V bytes an attention call of a memory probe reads."""
+    item = 8 if config["dtype"] == "float64" else 4
+    if call == "full prefill":  # the layout's prompts (its twin's have as many KV heads as it has query heads)
+        return 2 * config["prompt_B"] * config["Hkv"] * config["prompt_T"] * config["d"] * item
+    tokens = config["live"] + (config["chunk"] if call == "chunked prefill" else 0)
+    return 2 * config["Hkv"] * tokens * config["d"] * item
+
+
+def _call_extra(task, call: str):
+    """What one attention call added to the memory in use when it began (bytes), or None where unknown."""
+    parts = task.segments()
+    part = parts[MEMORY_CALLS[call]] if len(parts) > MEMORY_CALLS[call] else None
+    if part is None or part["peak"] is None or part["start"] is None:
+        return None
+    return max(part["peak"] - part["start"], 0)
+
+
 def _held(probe, task) -> int:
-    """The memory the submission held at its peak: a peak-RSS figure also counts the mapped prefill inputs."""
+    """The process's peak from its import on, above the fresh sandbox (a peak-RSS figure also counts the
+    mapped inputs of the measured row)."""
     return task.memory_bytes - (probe.input_bytes if task.memory_source == "rss" else 0)
 
 
-def _layout(config: dict) -> str:
-    return f"Hq/Hkv = {config['Hkv'] * config['G']}/{config['Hkv']}"
-
-
 def no_repeat(runs: list, check_output: bool = True) -> Criterion:
-    """Decode at real checkpoint layouts, each beside its twin with one query head per KV head: the
-    kernel's peak memory of the two processes, the difference against the live K/V.
+    """Prompt, decode and chunked-prefill attention at drawn real layouts, each beside its twin at G = 1.
 
-    ``runs`` holds ``(probe, task, expected)`` per probe (``grader.run.Probe``,
-    ``launch.TaskResult``, the output the parent computed); a layout and its
-    twin share the cache's shape, tokens and ``max_len``. A K/V repeat adds
-    about G - 1 times the live K/V to the difference, wherever it is written
-    (NumPy, torch, mmap, shared memory); what the cache holds whatever the
-    heads (its buffers, a mask table of ``max_len^2`` entries) is in both.
+    ``runs`` holds ``(probe, task, built)`` per memory probe (``grader.probes``). Each attention call is a
+    part of its own between two marks, so what it adds to the memory in use is the kernel's figure of that
+    call alone: a K/V repeat adds about G times the K/V it reads at the layout and once or not at all at the
+    twin (``repeat_per_head``), wherever it is written (NumPy, torch, mmap, shared memory) and in whichever
+    path makes it. A call that holds memory per query head whatever its twin holds fails without a name
+    (``call_held``); so does a whole decode process at 8 KV heads and d = 128 (``task_held``), where a
+    mask table of ``max_len``^2 entries is small beside the K/V.
     """
     cid = "no_kv_repeat"
-    key = lambda c: (c["Hkv"], c["d"], c["total"], c["max_len"])  # noqa: E731 - the cache a layout shares
-    twins = {key(p.config): (p, t, e) for p, t, e in runs if p.config["G"] == 1}
-    layouts = [(p, t, e) for p, t, e in runs if p.config["G"] > 1]
-    if not layouts:
+    by_name = {p.name: (p, t, b) for p, t, b in runs}
+    pairs = [(by_name.get(p.twin_of), by_name[p.name]) for p, _, _ in runs if p.twin_of]
+    if not pairs:
         return Criterion(cid, "error", "no memory probe was planned")
-    figures, worst, pairs = [], None, []
-    for run in layouts:
-        twin_run = twins.get(key(run[0].config))
-        if twin_run is None:
-            return Criterion(cid, "error", "a memory probe has no twin at G = 1")
-        for probe, task, expected in (run, twin_run):
-            why = probe_failure(task, probe.config, expected, check_output)
+    for run, twin_run in pairs:
+        if run is None:
+            return Criterion(cid, "error", "a memory probe's twin at G = 1 has no layout beside it")
+        for probe, task, built in (run, twin_run):
+            why = probe_failure(task, built, check_output)
             if why:
                 return Criterion(cid, "error", f"the memory probe at {_layout(probe.config)}: {why}")
-        pairs.append((run, twin_run))
+    per_head, held = BOUNDS["repeat_per_head"], []
+    figures, named, unheld = [], [], []
+    meter = "the sandbox's cgroup" if runs[0][1].memory_source == "cgroup" else "the process's peak RSS"
     for (probe, task, _), (twin, twin_task, _) in pairs:
-        G = probe.config["G"]
-        extra = (_held(probe, task) - _held(twin, twin_task)) / probe.live_bytes
-        limit = max(REPEAT_MIN_EXTRA, REPEAT_FACTOR * (G - 1))
-        # Below 0 is the two processes' noise: shown as no difference.
-        figures.append(f"{_layout(probe.config)}: {max(extra, 0.0):+.1f}x the live K/V ({_mib(probe.live_bytes)}) above "
-                       f"{_layout(twin.config)} (peaks {_held(probe, task) / probe.live_bytes:.1f}x and "
-                       f"{_held(twin, twin_task) / twin.live_bytes:.1f}x)")
-        if extra >= limit and (worst is None or extra - limit > worst[0]):
-            worst = (extra - limit, probe, twin, extra, G)
-    source = runs[0][1].memory_source if runs[0][1] is not None else "cgroup"
-    meter = "the sandbox's cgroup" if source == "cgroup" else "the process's peak RSS (wait4)"
-    # Memory the same at G = 1 cancels in the difference, and a submission can make it so (it sees the
-    # heads, and can tell the twin and each layout apart): at every layout, where a mask table of max_len^2
-    # entries is about 1x, a peak near half of K/V per query head fails whatever the twin holds.
-    for (probe, task, _), _twin in sorted(pairs, key=lambda pair: -pair[0][0].config["G"]):
-        held, G = _held(probe, task) / probe.live_bytes, probe.config["G"]
-        bound = held_bound(G)
-        if not worst and held >= bound:
-            return Criterion(cid, "fail", f"decode at {_layout(probe.config)} holds {held:.1f}x the live K/V "
-                             f"({meter}), {bound:.1f}x or more, and its twin at G = 1 about as much: memory for K/V "
-                             f"per query head, or half of it at once, whatever the heads (a cache read in place "
-                             f"holds about 2x). All layouts: " + "; ".join(figures))
-    if worst:
-        _, probe, twin, extra, G = worst
-        return Criterion(cid, "fail", f"decode at {_layout(probe.config)} peaks {extra:.1f}x the live K/V above the "
-                         f"same decode at {_layout(twin.config)} ({meter}); read in place, the two are about equal, "
-                         f"a repeat adds {G - 1}x or more: K/V materialised per query head. All layouts: "
-                         + "; ".join(figures), mistakes=["kv_repeat"])
-    return Criterion(cid, "pass", "decode measured by " + meter + ", each layout against its twin at G = 1: "
-                     + "; ".join(figures) + " (a repeat would add about G - 1 times)")
+        G, c = probe.config["G"], probe.config
+        shown = []
+        for call in MEMORY_CALLS:
+            mine, theirs = _call_extra(task, call), _call_extra(twin_task, call)
+            if mine is None or theirs is None:
+                continue
+            live = _call_live(c, call)
+            ratio = (mine - theirs) / (live * (G - 1))
+            shown.append(f"{call} +{mine / live:.1f}x (twin +{theirs / live:.1f}x)")
+            if per_head.crossed(ratio):
+                named.append((ratio, f"{call} at {_layout(c)} adds {mine / live:.1f}x the K/V it reads "
+                                     f"({_mib(live)}), its twin at G = 1 {theirs / live:.1f}x: {ratio:.2f} of a copy "
+                                     f"per extra query head"))
+            elif call != "full prefill" and mine / live >= call_held_limit(G):  # a prompt's output alone is G/2
+                unheld.append(f"{call} at {_layout(c)} adds {mine / live:.1f}x the K/V it reads, "
+                              f"{call_held_limit(G):.1f}x or more, and its twin at G = 1 about as much")
+        whole = (_held(probe, task) - _held(twin, twin_task)) / (probe.live_bytes * (G - 1))
+        if per_head.crossed(whole):
+            named.append((whole, f"the decode process at {_layout(c)} peaks {_held(probe, task) / probe.live_bytes:.1f}x "
+                                 f"the live K/V, its twin {_held(twin, twin_task) / twin.live_bytes:.1f}x: memory per "
+                                 f"query head held across the calls"))
+        total = _held(probe, task) / probe.live_bytes
+        if c["Hkv"] == 8 and c["d"] == 128 and total >= task_held_limit(G):
+            unheld.append(f"the decode process at {_layout(c)} holds {total:.1f}x the live K/V, "
+                          f"{task_held_limit(G):.1f}x or more, and its twin about as much")
+        held.append(total)
+        figures.append(f"{_layout(c)}: " + ", ".join(shown or ["no figure per call"]))
+    text = "; ".join(figures)
+    if named:
+        worst = max(named)[1]
+        return Criterion(cid, "fail", f"{worst} ({meter}): K/V materialised per query head. Each call's extra "
+                         f"memory, in the K/V it reads: {text}", mistakes=["kv_repeat"])
+    if unheld:
+        return Criterion(cid, "fail", f"{unheld[0]} ({meter}): memory per query head, or half of it at once, "
+                         f"whatever the heads (a call that reads in place adds its scores and at most working "
+                         f"copies of K and V). Each call's extra memory: {text}")
+    return Criterion(cid, "pass", f"full prefill, decode and chunked prefill measured by {meter}, each call "
+                     f"against its twin at G = 1, in the K/V it reads: {text} (a repeat would add about G times)")
 
 
-def in_place(runs: list, copy_s: float, explain: list | None = None) -> Criterion:
-    """One-token appends at a large live length, against the same prefill alone: the kernel's figures.
+def in_place(runs: list, explain: list | None = None) -> Criterion:
+    """One-token appends from a short prefill to the end, a mark every 1/32 of the tokens: the kernel's figures.
 
-    ``runs`` is ``[(probe, task, expected)]`` for the probe with appends and
-    the one without (``grader.run.probes``); ``copy_s`` the CPU seconds this
-    machine takes to copy the live K/V once, measured in the same run (``grader.run.copy_seconds``). Writing
-    in place adds next to nothing; growing by concatenation or by
-    reallocate-and-copy holds the old and the new buffer at once (memory) and
-    copies the cache again and again (CPU). ``explain`` adds what in-process
-    meters saw (buffer identity), as explanation only.
+    ``runs`` is ``[(probe, task, built)]`` for the growth probe (``grader.probes``). Written in place, the
+    memory in use only grows as pages are first written, and each append costs the same whatever the
+    length. Reallocated and copied (by concatenation, in steps, or by doubling), a part holds the old buffer
+    beside its copy and ends below its peak (``growth_held``), and a copy on every append costs in
+    proportion to the length (``growth_cpu``). ``explain`` adds what in-process meters saw (buffer identity),
+    as explanation only.
     """
     cid = "preallocated_in_place"
-    role = lambda c: "empty" if c.get("empty") else "appends" if c["appends"] > 0 else "prefill"  # noqa: E731
-    by_name = {role(p.config): (p, t, e) for p, t, e in runs}
-    if set(by_name) != {"empty", "appends", "prefill"}:
-        return Criterion(cid, "error", "the growth probes were not planned")
-    stopped = ""  # why the run with appends has no answer, when it was stopped for its time
-    for name, (probe, task, expected) in by_name.items():
-        why = probe_failure(task, probe.config, expected)
-        if why and name == "appends" and task is not None and task.stopped == "timeout":
-            stopped = why  # the kernel's CPU figure up to the stop still says what the appends cost
-        elif why:
-            return Criterion(cid, "error", f"the growth probe: {why}")
-    (probe, task, _), (base_probe, base, _) = by_name["appends"], by_name["prefill"]
-    empty_probe, empty, _ = by_name["empty"]
-    live = probe.live_bytes
-    # What the prefill adds to the cache made and left empty: what the cache builds once is not the prefill's.
-    prefill = (_held(base_probe, base) - _held(empty_probe, empty)) / base_probe.live_bytes
-    if prefill > PREFILL_LIMIT:
-        # Above this, a copy made while appending could hide under the prefill's own peak: no figure
-        # about the appends can be trusted, and the prefill itself holds far more than the cache.
-        return Criterion(cid, "fail", f"a prefill of {base_probe.config['live']:,} tokens into the empty cache at "
-                         f"{_layout(base_probe.config)} adds {prefill:.1f}x the live K/V to the peak of the cache "
-                         f"made and left empty (the cache plus one copy of the new tokens is 2x): the append holds "
-                         f"far more than the tokens it writes (copies of the cache or of the input)")
-    if stopped:
-        # Appends so dear that the run did not finish: named when what they had cost by then shows the pattern.
-        spent = max(task.cpu_s - min(base.cpu_s, PREFILL_COPIES * copy_s), 0.0)
-        copies = spent / copy_s if copy_s > 0 else 0.0
-        if copies < GROWTH_COPIES:
-            return Criterion(cid, "error", f"the growth probe: {stopped}")
-        return Criterion(cid, "fail", f"{probe.config['appends']} one-token appends after a prefill of "
-                         f"{probe.config['live']:,} tokens at {_layout(probe.config)} ({_mib(live)} live) did not "
-                         f"finish in time; by then they had used {spent * 1e3:.0f} ms CPU beyond the prefill alone "
-                         f"(the time of about {round(copies)} copies of the live K/V; copying them on every append "
-                         f"would be about {probe.config['appends']}): the cache is copied as it grows",
-                         mistakes=["concat_growth"])
-    memory = (task.memory_bytes - base.memory_bytes) / live
-    # The prefill alone is credited with its own CPU time up to PREFILL_COPIES: the run without appends ends
-    # differently, so a cache can tell it apart and inflate it, and the difference must not hide the appends.
-    prefill_cpu = min(base.cpu_s, PREFILL_COPIES * copy_s)
-    copies = max(task.cpu_s - prefill_cpu, 0.0) / copy_s if copy_s > 0 else 0.0
-    shown = round(copies)
-    text = (f"{probe.config['appends']} one-token appends after a prefill of {probe.config['live']:,} tokens at "
-            f"{_layout(probe.config)} ({_mib(live)} live): {max(memory, 0.0):+.2f}x the live K/V in peak memory "
-            f"and {max(task.cpu_s - prefill_cpu, 0) * 1e3:.0f} ms CPU (the time of "
-            f"{'less than one copy' if shown == 0 else f'about {shown} cop' + ('y' if shown == 1 else 'ies')} of "
-            f"the live K/V; copying them on every append would be about {probe.config['appends']}) beyond the "
-            f"prefill alone")
-    if memory >= GROWTH_FRACTION or copies >= GROWTH_COPIES:
+    if len(runs) != 1:
+        return Criterion(cid, "error", "the growth probe was not planned")
+    probe, task, built = runs[0]
+    c = probe.config
+    why = probe_failure(task, built)
+    stopped = task is not None and task.stopped == "timeout" and len(task.points) > 2
+    if why and not stopped:
+        return Criterion(cid, "error", f"the growth probe: {why}")
+    per_token = probe.live_bytes / c["total"]
+    # After the prefill's mark: the appends, `every` tokens a part; the last part is the answer's making (or,
+    # for a run stopped for its time, the part the stop cut short).
+    parts = task.segments()[1:-1]
+    held, cpu = [], []
+    for j, part in enumerate(parts):
+        start = c["prefill"] + j * c["every"]
+        count = min(c["every"], c["total"] - start)
+        if part["peak"] is not None and part["end"] is not None:
+            held.append((part["peak"] - part["end"]) / (start * per_token))
+        if part["cpu_s"] is not None and count > 0:
+            cpu.append((start, part["cpu_s"] / count))
+    held_figure = max(held) if held else None
+    late = [per for start, per in cpu if start >= c["total"] // 2]
+    cpu_figure = (sum(late) / len(late)) / cpu[0][1] if late and cpu and cpu[0][1] > 0 else None
+    if stopped and cpu:
+        last = cpu[-1]  # the appends ran out of time: their own pace, from the parts that finished
+        cpu_figure = cpu_figure or (last[1] / cpu[0][1] if cpu[0][1] > 0 and len(cpu) > 1 else None)
+    text = (f"{c['total'] - c['prefill']:,} one-token appends after a prefill of {c['prefill']:,} tokens at "
+            f"{_layout(c)} ({_mib(probe.live_bytes)} of K/V at the end)"
+            + (", stopped for their time" if stopped else "") + ": "
+            + (f"a part peaks {max(held_figure, 0.0):.2f}x the live K/V above where it ends"
+               if held_figure is not None else "no memory figure per part")
+            + (f", an append costs {cpu_figure:.1f}x as much CPU in the last half as in the first part"
+               if cpu_figure is not None else ""))
+    if held_figure is None and cpu_figure is None:
+        return Criterion(cid, "error", text + ": no figure to judge by" + (f" ({why})" if why else ""))
+    if (held_figure is not None and BOUNDS["growth_held"].crossed(held_figure)) or \
+            (cpu_figure is not None and BOUNDS["growth_cpu"].crossed(cpu_figure)):
         extra = "; ".join(explain or [])
-        return Criterion(cid, "fail", text + ": the cache is copied as it grows"
-                         + (f"; {extra}" if extra else ""), mistakes=["concat_growth"])
+        return Criterion(cid, "fail", text + ": the cache is copied as it grows" + (f"; {extra}" if extra else ""),
+                         mistakes=["concat_growth"])
+    if stopped:
+        return Criterion(cid, "error", f"the growth probe: {why}")
     return Criterion(cid, "pass", text)
 
 
@@ -514,72 +470,37 @@ def _lens_moved(step: StepVerdict) -> str:
             f"{rows} at most; max_len {trial.max_len}): lengths moved before the write finished")
 
 
-def live_length(small, large, check_output: bool = True, appends_copy: bool = False, bases=(None, None)) -> Criterion:
-    """The same decode steps in a reservation of the live length and in one ``SCAN["ratio"]`` times larger.
+def live_length(small: list, large: list, check_output: bool = True, appends_copy: bool = False) -> Criterion:
+    """The same decode steps in a reservation a little above the live length and in one many times larger.
 
-    ``small`` and ``large`` are ``(probe, task, expected)``, or lists of such
-    runs of one reservation (alike: the cheapest counts, as what else runs on
-    the machine only adds CPU time); the figure is the kernel's CPU time of
-    each process (same imports, same tokens, same steps). ``bases`` are the
-    same for each reservation's cache and prefill without the decode steps:
-    what making costs more in the larger one is taken off the larger run, so
-    that a cache dearer to make in a larger reservation (zeroed whole, as
-    torch.zeros does) is judged by its decode steps; time wasted in both base
-    runs cancels. Where making the cache costs more than
-    ``MAKING_LIMIT_S`` more in the larger one, that cost (which varies many
-    times over from run to run) may be all of the difference, or hide it, and
-    nothing is judged. Without a base's figure only a ratio of the whole runs
-    below ``SCAN_RATIO`` is judged (a pass). ``appends_copy``: the growth probe
-    found appends that copy the cache. Each decode step here appends its token
-    first, so a slower large reservation may be the appends copying it:
-    ``max_len_scan`` is then not named (the criterion errors, saying why).
+    ``small`` and ``large`` are lists of ``(probe, task, built)``, runs of one reservation alike (the
+    cheapest counts, as what else runs on the machine only adds CPU time). The figure is the kernel's CPU
+    time of the decode steps after the second, a part of its own between marks: what making the cache
+    costs (a ``max_len``^2 mask table, zeroing the reservation) and the first steps are outside it, and its
+    query is handed over only at the first step's mark. ``appends_copy``: the growth probe found appends
+    that copy the cache; each decode step appends its token first, so a scan cannot be timed apart and
+    ``max_len_scan`` is not named (the criterion errors, saying why).
     """
     cid = "live_length"
     cheapest = {}
     for label, runs in (("small", small), ("large", large)):
-        runs = runs if isinstance(runs, list) else [runs]
         if not runs:
             return Criterion(cid, "error", f"the live-length probe ({label} reservation) was not planned")
-        for probe, task, expected in runs:
-            why = probe_failure(task, probe.config, expected, check_output)
+        for probe, task, built in runs:
+            why = probe_failure(task, built, check_output)
             if why:
                 return Criterion(cid, "error", f"the live-length probe ({label} reservation): {why}")
-        cheapest[label] = min(runs, key=lambda run: run[1].cpu_s)
-    (p_small, t_small, _), (p_large, t_large, _) = cheapest["small"], cheapest["large"]
-    factor = p_large.config["max_len"] // max(p_small.config["max_len"], 1)
-    whole = t_large.cpu_s / t_small.cpu_s if t_small.cpu_s > 0 else float("inf")
-    text = (f"{p_small.config['decodes']} decode steps at {p_small.config['live']:,} live tokens: "
-            f"{t_large.cpu_s * 1e3:.0f} ms CPU in a {factor}x larger reservation vs {t_small.cpu_s * 1e3:.0f} ms "
-            f"({whole:.1f}x)")
-    missing, cheapest_base = [], []
-    for label, base in zip(("small", "large"), bases):
-        base = (base if isinstance(base, list) else [base]) if base else []
-        whys = [probe_failure(run[1], run[0].config, run[2]) for run in base] or ["it was not planned"]
-        if any(whys):
-            missing.append(f"making the cache and the prefill alone in the {label} reservation gave no figure "
-                           f"({next(w for w in whys if w)}) to tell the decode steps' time from")
-        else:
-            cheapest_base.append(min(run[1].cpu_s for run in base))
-    if missing:
-        if whole < SCAN_RATIO:
-            return Criterion(cid, "pass", text)
-        return Criterion(cid, "error", text + ": not judged, as " + missing[0])
-    small_base, large_base = cheapest_base
-    # Only what making costs more in the larger reservation is taken off: the base runs can be told apart
-    # (no attention after the prefill), and time wasted in both cancels here instead of hiding the steps.
-    making = large_base - small_base
-    large_steps = max(t_large.cpu_s - max(making, 0.0), 0.0)
-    ratio = large_steps / t_small.cpu_s if t_small.cpu_s > 0 else float("inf")
-    text += (f"; without what making the cache and its prefill (run alone) costs more there "
-             f"({max(making, 0.0) * 1e3:.0f} ms): {large_steps * 1e3:.0f} ms, {ratio:.1f}x")
-    if making > MAKING_LIMIT_S:
-        # Neither way: the run with decode steps made its cache again, at a cost that varies many times over.
-        return Criterion(cid, "error", text + f"; making the cache and the prefill alone cost {making * 1e3:.0f} ms "
-                         "more in the larger reservation: not judged, as that cost varies many times over from run "
-                         "to run and may be all of the difference (something of max_len's size made with the "
-                         "cache or in its prefill, such as a mask table of max_len^2 entries or a copy of the "
-                         "reservation)", unjudgeable=True)
-    if ratio < SCAN_RATIO:
+        steps = [(run, run[1].segments()[-2]["cpu_s"]) for run in runs]  # the last part is the answer's
+        if any(cpu is None for _, cpu in steps):
+            return Criterion(cid, "error", f"the live-length probe ({label} reservation) has no CPU figure")
+        cheapest[label] = min(steps, key=lambda pair: pair[1])
+    ((p_small, _, _), s_small), ((p_large, _, _), s_large) = cheapest["small"], cheapest["large"]
+    factor = p_large.config["max_len"] / max(p_small.config["max_len"], 1)
+    ratio = s_large / s_small if s_small > 0 else float("inf")
+    text = (f"{p_small.config['decodes'] - 2} decode steps at {p_small.config['live']:,} live tokens, "
+            f"{_layout(p_small.config)}: {s_large * 1e3:.0f} ms CPU in a {factor:.1f}x larger reservation vs "
+            f"{s_small * 1e3:.0f} ms ({ratio:.1f}x; making the cache is not in either)")
+    if not BOUNDS["scan"].crossed(ratio):
         return Criterion(cid, "pass", text)
     if appends_copy:
         return Criterion(cid, "error", text + ": not judged, as the appends copy the cache (see the in-place "

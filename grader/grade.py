@@ -19,7 +19,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from catalogue import mutants as catalogue_mutants
-from grader import compare, costs, criteria as criteria_mod, diagnose, jobs, owntests, run as run_mod, suite
+from grader import compare, costs, criteria as criteria_mod, diagnose, jobs, owntests, probes as probes_mod, run as run_mod, suite
 from grader import report as report_mod
 from grader import rubric as rubric_mod
 from grader.sandbox import launch
@@ -78,8 +78,16 @@ def _correctness_criteria(comparison, outputs_by_trial) -> dict:
         # A refusal of chunked prefill means something only from code whose decode and full prefill work:
         # an attention that raises everywhere (an unwritten function) has refused nothing.
         may_refuse = cid == "chunked_prefill" and all(c[k].status == "pass" for k in ("decode", "full_prefill"))
-        c[cid] = criteria_mod.correctness(cid, comparison.of_kind(kind), criteria_mod.WHAT[kind],
+        steps = comparison.of_kind(kind)
+        refused = c.get("chunked_prefill") is not None and c["chunked_prefill"].status == "not_attempted"
+        if cid == "ragged_rows" and refused:
+            # A refusal is charged once, to chunked prefill: ragged rows are judged on the calls it does
+            # not touch (ragged prefill into empty rows, decode, zero-token rows, padded slots).
+            steps = [s for s in steps if not s.chunk_after_prefix]
+        c[cid] = criteria_mod.correctness(cid, steps, criteria_mod.WHAT[kind],
                                           refusable=refusable if may_refuse else None)
+        if cid == "ragged_rows" and refused and c[cid].status != "error":
+            c[cid].evidence += "; chunks after cached tokens, refused, are charged to chunked prefill alone"
     c["padding"] = criteria_mod.padding(comparison)
     return c
 
@@ -92,28 +100,36 @@ def _name_mistakes(criteria: dict, comparison, outputs_by_trial) -> tuple[dict, 
 
     Mask, head-map and storage mistakes come from the structure recovered with
     ``q = 0`` (``diagnose.recover``), and only when a hidden check of outputs
-    fails; ``missing_scale`` from exact reproduction. Nothing by elimination.
+    fails; ``missing_scale`` from exact reproduction. Nothing by elimination. A
+    mistake of a uniform-rows check (decode, full or chunked prefill) is named
+    only when that check fails.
     """
     named = {}
     for crit in criteria.values():
         for m in crit.mistakes:
             named.setdefault(m, crit.evidence)
+    diagnosed = set()  # the names the outputs gave (recovered structure, reproduction), not a criterion
     diagnosis = diagnose.Diagnosis(wrong_outputs=any(s.status == "wrong" for s in comparison.steps
                                                      if s.kind != "structure"))
     if any(criteria[c].status == "fail" for c in CORRECTNESS if c in criteria):
         diagnosis = diagnose.recover(comparison, outputs_by_trial)
         diagnosis.wrong_outputs = any(s.status == "wrong" for s in comparison.steps if s.kind != "structure")
-        named.update(diagnosis.named)
         # Exact reproduction on the hidden trials: missing_scale always (q = 0 cannot show it); the structural
         # mistakes only when the structure trials came out right, as code that behaves differently at q = 0 does.
         reproduce = tuple(diagnose.REPRODUCED) if diagnosis.wrong_queries == 0 else ("missing_scale",)
-        named.update(diagnose.match_mutants(comparison, outputs_by_trial, mistakes=reproduce))
-    # A refusal of chunked prefill with a clear error names no chunked-prefill mistake.
-    if criteria["chunked_prefill"].status == "not_attempted":
-        for m in ("chunk_local_mask", "future_keys_visible"):
+        shown = {**diagnosis.named, **diagnose.match_mutants(comparison, outputs_by_trial, mistakes=reproduce)}
+        diagnosed = set(shown) - set(named)
+        named.update(shown)
+    # A mistake of a check judged on uniform rows (decode, full prefill, chunked prefill: the one that can
+    # make a verdict Weak) is named only when that check fails there: not from ragged rows alone (a mask
+    # offset wrong only on ragged rows is a ragged-rows matter), nor after a clear refusal of chunked prefill.
+    mistakes_doc, _ = load_catalogue()
+    uniform_checks = [cid for cid, kind in criteria_mod.OUTPUT_CHECKS.items() if kind in compare.UNIFORM]
+    for m in sorted(diagnosed):
+        cid = mistakes_doc.get(m, {}).get("criterion")
+        if cid in uniform_checks and criteria[cid].status != "fail":
             named.pop(m, None)
     # Attach each name to the criterion the catalogue files it under.
-    mistakes_doc, _ = load_catalogue()
     for m in named:
         cid = mistakes_doc.get(m, {}).get("criterion")
         if cid in criteria and m not in criteria[cid].mistakes:
@@ -122,34 +138,26 @@ def _name_mistakes(criteria: dict, comparison, outputs_by_trial) -> tuple[dict, 
 
 
 def _probe_runs(session, backend: str, plan) -> dict:
-    """``{purpose: [(probe, task, expected), ...]}`` for one session's probes."""
+    """``{purpose: [(probe, task, built), ...]}`` for one session's probes (``grader.probes``)."""
     runs: dict = {}
+    built = run_mod.job_data(plan)[3]
     for probe in plan.probes:
         task = session.tasks.get(run_mod.probe_task(plan, backend, probe.name)) if session else None
-        runs.setdefault(probe.purpose, []).append((probe, task, run_mod.expected_probe_output(probe.config)))
+        runs.setdefault(probe.purpose, []).append((probe, task, built[probe.name]))
     return runs
-
-
-def _runs_of(scan: dict, name: str) -> list:
-    """The live-length probe's runs of one kind (``name``, ``name-2``, ...): alike, run apart."""
-    return [run for probe, run in scan.items() if probe == name or (probe.startswith(name + "-")
-                                                                   and probe[len(name) + 1:].isdigit())]
 
 
 def _measured_criteria(runs: dict, explain: list, decode_ok: bool = True) -> dict:
     """The criteria decided by the kernel's figures (memory, CPU time), each probe's output checked
     (unless decode is wrong on the hidden trials too: then a wrong probe output is the same mistake)."""
-    scan = {p.name: (p, t, e) for p, t, e in runs.get("scan", [])}
-    grow = runs.get("grow", [])
-    copy_s = run_mod.copy_seconds(grow[0][0].live_bytes) if grow else 0.0
-    in_place = criteria_mod.in_place(grow, copy_s, explain=explain)
+    scan = runs.get("scan", [])
+    in_place = criteria_mod.in_place(runs.get("grow", []), explain=explain)
     return {
         "preallocated_in_place": in_place,
         "no_kv_repeat": criteria_mod.no_repeat(runs.get("memory", []), decode_ok),
-        "live_length": criteria_mod.live_length(_runs_of(scan, "scan-small"), _runs_of(scan, "scan-large"), decode_ok,
-                                                appends_copy=in_place.status == "fail",
-                                                bases=(_runs_of(scan, "scan-small-base"),
-                                                       _runs_of(scan, "scan-large-base"))),
+        "live_length": criteria_mod.live_length([r for r in scan if r[0].config["reservation"] == "small"],
+                                                [r for r in scan if r[0].config["reservation"] == "large"],
+                                                decode_ok, appends_copy=in_place.status == "fail"),
     }
 
 
@@ -242,8 +250,8 @@ def _port_worked(session, plan, comparison=None) -> bool:
     kinds = ("decode", "full_prefill", "chunked_prefill", "ragged")
     if comparison is not None and any(st.status == "ok" and st.kind in kinds for st in comparison.steps):
         return True
-    return any(probe.config.get("decodes") and criteria_mod.probe_failure(task, probe.config, expected, True) == ""
-               for runs in _probe_runs(session, "torch", plan).values() for probe, task, expected in runs)
+    return any(probe.purpose != "grow" and criteria_mod.probe_failure(task, built, True) == ""
+               for runs in _probe_runs(session, "torch", plan).values() for probe, task, built in runs)
 
 
 def _hung(session) -> bool:
@@ -331,11 +339,8 @@ def prepare_inputs(options: Options) -> None:
     before it forks its ``--jobs`` workers, which then share them.
     """
     run_mod.installed_modules()
-    probes = run_mod.probes(options.seed)
     run_mod.job_data(run_mod.Plan(seed=options.seed, trials=suite.hidden_suite(options.seed, options.trials),
-                                  probes=probes))
-    for probe in probes:
-        run_mod.expected_probe_output(probe.config)
+                                  probes=probes_mod.probes(options.seed)))
     compare.oracle_outputs(options.seed, options.trials)
 
 
@@ -343,13 +348,11 @@ def _grade_dir(name, workdir, files, options, started) -> dict:
     iso = options.isolation
     level = iso.level if iso else "process (rlimits, -I -S, private directory)"
     trials = suite.hidden_suite(options.seed, options.trials)
-    plan = run_mod.Plan(seed=options.seed, trials=trials, probes=run_mod.probes(options.seed),
+    plan = run_mod.Plan(seed=options.seed, trials=trials, probes=probes_mod.probes(options.seed),
                         cost_calls=COST_CALLS if "cost.py" in files else [],
                         test_files=owntests.test_files(workdir), preimport=run_mod.preimports(workdir, files))
     limits = launch.Limits(wall_s=options.timeout, cpu_s=int(options.timeout * 2) + 5)
     def oracle():  # the parent's own work, while the sandbox runs
-        for probe in plan.probes:
-            run_mod.expected_probe_output(probe.config)
         return compare.oracle_outputs(options.seed, options.trials)
 
     sessions = run_mod.run_sessions(workdir, plan, limits, iso.wrap if iso else None,
@@ -488,7 +491,8 @@ def _evaluate(name, options, level, started, plan, sessions, answer, comparison,
     criteria["cost_model"] = criteria_mod.cost_model(answer.get("cost") if "cost.py" in files else None,
                                                      expected_costs())
     named, diagnosis = _name_mistakes(criteria, comparison, by_trial)
-    criteria["own_tests"] = owntests.criterion(session, plan.test_files, plan.own_task)
+    criteria["own_tests"] = owntests.criterion(session, plan.test_files, plan.own_task,
+                                               chunks_refused=criteria["chunked_prefill"].status == "not_attempted")
     port_named = {}
     if "kv_cache_torch.py" in files:
         criteria["torch_port"], port_named, port_notes = _torch_section(sessions.get("torch"), plan,

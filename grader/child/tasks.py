@@ -10,11 +10,10 @@ every output with its oracle and takes every measurement from the kernel.
 Kinds:
 * ``trials``: trials (outputs as one float64 blob); with ``checks``, also the
   bad inputs and the cost calls.
-  The probes are trials too, run by the same code: a cache filled to a
-  realistic live length at a real checkpoint's layout by one prefill append,
-  then one-token appends and decode steps; the parent measures the process's
-  memory and CPU time from outside and checks the last output against its own
-  computation (:func:`probe_tokens` makes the data).
+  The probes are trials too, run by the same code at realistic sizes, with
+  marks between their calls where the parent takes the kernel's figures
+  (:func:`mark`; the plan is ``grader.probes``); the parent checks their last
+  outputs against its own computation.
 
 The same trial runner serves in-process checks (the notebook, the learner's
 steps), where the code under test is the learner's own.
@@ -79,19 +78,27 @@ def _array(data, ref, dtype):
     return np.asarray(data[dtype][offset:offset + size]).reshape(shape)
 
 
-def run_trials(module, trials: list, data, to_backend=None, from_backend=None):
+def run_trials(module, trials: list, data, to_backend=None, from_backend=None, mark=None):
     """Run every trial through ``module.KVCache``/``module.gqa_attention``.
 
     ``trials`` is the job's list of trial dicts, ``data`` its flat float64 input
     array; ``to_backend(array, dtype_name)`` converts inputs (torch for a port),
     the default keeps NumPy. Returns ``(records, outputs)``: per trial a list of
     per-step dicts, and the float64 outputs whose shape matched q's.
+
+    A step with ``"mark": true`` calls ``mark`` after its append, before its
+    attention (``"mark_after"``: after its attention): in the sandbox the parent
+    takes its figures there, and when the step's ``q`` is ``"go"`` the mark
+    hands over the query (``q_shape``, in the trial's dtype), so no work on it
+    can happen before.
     """
     import numpy as np
 
     to_backend = to_backend or (lambda a, dtype: np.dtype(dtype) if a is None else a)
     from_backend = from_backend or (lambda x: x)
-    records, outputs = [], []
+    mark = mark or (lambda into=None: None)
+    records, outputs, alive = [], [], []
+    given_q = None
     for trial in trials:
         dtype = trial["dtype"]
         steps = []
@@ -122,6 +129,16 @@ def run_trials(module, trials: list, data, to_backend=None, from_backend=None):
                 steps.append({"stage": "append", "error": _error(exc)})
                 break  # the cache no longer matches the history: stop this trial
             del k, v
+            if step.get("mark"):
+                if step.get("q") == "go":
+                    # Made and written before the mark, filled after it: the query's own memory is not the call's.
+                    given_q = np.empty(step["q_shape"], dtype=dtype)
+                    given_q.fill(0)  # its pages written now, before the mark
+                    mark(given_q)
+                else:
+                    mark()
+            if step.get("q") == "go":  # the query the last mark handed over
+                q = to_backend(given_q, dtype)
             if q is None:  # an append alone (a probe's prefill): inside the contract, no attention
                 steps.append({"stage": "appended"})
                 continue
@@ -132,10 +149,22 @@ def run_trials(module, trials: list, data, to_backend=None, from_backend=None):
                 arr = np.asarray(out)
             except BaseException as exc:  # noqa: BLE001
                 steps.append({"stage": "attention", "error": _error(exc)})
+                if step.get("mark_after"):
+                    mark()
                 continue
+            if step.get("mark_after"):  # the attention call alone is the part before this mark
+                if step.get("digest"):
+                    # Weights per row, handed over only now: a sum of every row's output that no part of the
+                    # output can be left out of, small enough to send whatever the batch.
+                    weights = np.empty(trial["B"], dtype=np.float64)
+                    weights.fill(0)
+                    mark(weights)
+                    arr = np.einsum("b,bhtd->htd", weights, np.asarray(arr, dtype=np.float64))[None]
+                else:
+                    mark()
             record = {"stage": "ok", "type": str(type(out).__name__)[:80], "shape": list(arr.shape)[:8],
                       "dtype": str(arr.dtype)[:40], "buffers_moved": bool(moved)}
-            expected_shape = [trial["B"], trial["Hkv"] * trial["G"], T, trial["d"]]
+            expected_shape = [1 if step.get("digest") else trial["B"], trial["Hkv"] * trial["G"], T, trial["d"]]
             if list(arr.shape) == expected_shape and arr.dtype.kind in "fiu":
                 outputs.append(arr.astype(np.float64).ravel())
                 record["stored"] = True
@@ -146,6 +175,8 @@ def run_trials(module, trials: list, data, to_backend=None, from_backend=None):
             stored = np.asarray(from_backend(cache.k[0:1, :, end - trial["tail"]:end]), dtype=np.float64)
             outputs.append(stored.ravel())
             steps.append({"stage": "tail", "stored": True})
+        alive.append(cache)  # freed after the last mark: freeing is not part of any measured call
+    mark()  # the end of the calls
     return records, outputs
 
 
@@ -159,6 +190,8 @@ def _step_inputs(step: dict, data, dtype):
     k, v = _array(data, step["k"], dtype), _array(data, step["v"], dtype)
     if step.get("attend") is False:
         return k, v, None, k.shape[2]
+    if step.get("q") == "go":  # given at the step's mark (``run_trials``)
+        return k, v, None, step["q_shape"][2]
     q = _array(data, step["q"], dtype)
     return k, v, q, q.shape[2]
 
@@ -299,66 +332,6 @@ def numpy_facing(mod, torch):
     return types.SimpleNamespace(KVCache=KVCache, gqa_attention=gqa_attention)
 
 
-# ---------------------------------------------------------------- probe data (shared with the parent)
-
-def probe_tokens(seed: int, kv_heads: int, head_dim: int, total: int, start: int, count: int, period: int = 512):
-    """Tokens ``start .. start + count - 1`` of a probe's K/V sequence of ``total`` tokens: float32 ``[1, Hkv, count, d]``.
-
-    Token ``s`` is a random base row ``s % period`` scaled by a factor that
-    depends on ``s``, so every key matters to the output (no shortcut over one
-    period) and the parent can compute the exact attention without holding the
-    whole sequence (:func:`probe_parts`).
-    """
-    import numpy as np
-
-    k_base, v_base, _ = probe_parts(seed, kv_heads, head_dim, period, 0)
-    s = np.arange(start, start + count)
-    a, b = probe_scales(s, total)
-    rows = s % period
-    k = np.take(k_base, rows, axis=1)  # a new float32 array, scaled in place below (no second copy)
-    v = np.take(v_base, rows, axis=1)
-    k *= a[None, :, None].astype(np.float32)
-    v *= b[None, :, None].astype(np.float32)
-    return k[None], v[None]
-
-
-def probe_scales(s, total: int):
-    """The per-position factors ``(a, b)`` of keys and values (float64)."""
-    import numpy as np
-
-    s = np.asarray(s, dtype=np.float64)
-    return 1.0 + s / total, 1.0 - s / (2.0 * total)
-
-
-_PARTS: dict = {}
-
-
-def probe_parts(seed: int, kv_heads: int, head_dim: int, period: int, q_heads: int):
-    """``(k_base [Hkv, period, d], v_base [Hkv, period, d], q [1, Hq, 1, d])``, float32, from ``seed``.
-
-    The bases and the queries come from generators of their own: the bases of a layout are drawn
-    once whatever ``q_heads`` (a probe's tokens ask with 0, its queries with Hq).
-    """
-    import numpy as np
-
-    def kept(key, make):
-        if key not in _PARTS:
-            if len(_PARTS) >= 16:  # a few MiB each; a grading uses about a dozen
-                del _PARTS[next(iter(_PARTS))]
-            _PARTS[key] = make()
-        return _PARTS[key]
-
-    def bases():
-        rng = np.random.default_rng([seed, kv_heads, head_dim, period])
-        k_base = rng.standard_normal((kv_heads, period, head_dim)).astype(np.float32)
-        return k_base, rng.standard_normal((kv_heads, period, head_dim)).astype(np.float32)
-
-    k_base, v_base = kept(("bases", seed, kv_heads, head_dim, period), bases)
-    q = kept(("q", seed, q_heads, head_dim), lambda: np.random.default_rng([seed, q_heads, head_dim])
-             .standard_normal((1, q_heads, 1, head_dim)).astype(np.float32))
-    return k_base, v_base, q
-
-
 # ---------------------------------------------------------------- serving a task
 
 def prepare(job_dir: str, job: dict) -> None:
@@ -384,6 +357,48 @@ def _impl(job: dict, backend: str):
     return mod, (None, None)
 
 
+def _read_exact(fd: int, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        data = os.read(fd, min(left, 1 << 20))
+        if not data:
+            raise OSError("the zygote closed the go pipe")
+        chunks.append(data)
+        left -= len(data)
+    return b"".join(chunks)
+
+
+def mark(into=None) -> None:
+    """A measurement point: tell the zygote, wait for its go, and read what the go carries into ``into``
+    (a NumPy array of exactly that many bytes, made before the mark), or drop it.
+
+    The parent takes the kernel's figures of this process between its marks
+    (``grader.sandbox.launch``): the first mark follows the import, so nothing
+    the submission's module runs at import counts in any figure, and the last
+    follows the last call, before the answer is written.
+
+    Raises:
+        OSError: the go does not carry as many bytes as ``into`` holds.
+    """
+    fds = _JOB.get("mark_fds")
+    if not fds:
+        return
+    os.write(fds[0], b"M")
+    size = int.from_bytes(_read_exact(fds[1], 8), "little")
+    if into is None:
+        _read_exact(fds[1], size)
+        return
+    view = memoryview(into).cast("B")
+    if size != len(view):
+        raise OSError(f"a mark carried {size} bytes for a query of {len(view)}")
+    done = 0
+    while done < size:
+        got = os.readv(fds[1], [view[done:]])
+        if not got:
+            raise OSError("the zygote closed the go pipe")
+        done += got
+
+
 def _section(answer: dict, name: str, fn, *args):
     try:
         answer[name] = fn(*args)
@@ -401,7 +416,8 @@ def _trials(task: dict, job: dict):
         answer["import"] = {**_error(exc), "trace": traceback.format_exc()[-600:]}
         return answer, b""
     answer["import"] = None
-    records, outputs = run_trials(mod, task.get("trials") or job["trials"], _JOB["data"], to_b, from_b)
+    mark()  # what the module ran at import is behind this point: the figures start here
+    records, outputs = run_trials(mod, task.get("trials") or job["trials"], _JOB["data"], to_b, from_b, mark)
     answer["records"] = records
     blob = np.concatenate(outputs).astype("<f8").tobytes() if outputs else b""
     if task.get("checks") and task["backend"] == "numpy":
@@ -419,6 +435,8 @@ def _trials(task: dict, job: dict):
 def serve(task: dict, job: dict, fd: int) -> None:
     """Run ``task`` and write its one answer frame to ``fd`` (then the process ends)."""
     protocol = sys.modules["_kvkit_protocol"]
+    if task.get("mark_fd") is not None:
+        _JOB["mark_fds"] = (task["mark_fd"], task["go_fd"])
     try:
         if task["kind"] == "trials":
             answer, blob = _trials(task, job)

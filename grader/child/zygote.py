@@ -318,11 +318,14 @@ def _fork_task(task: dict, job: dict, tasks, lock=None):
     with (_FORKING or contextlib.nullcontext()):
         read, write = os.pipe()
         own = bool(task.get("secret"))
+        marked = task.get("kind") == "trials" and lock is None  # serial trials: measured between marks
         secret_read, secret_write = os.pipe() if own else (None, None)
         call_read, call_write = os.pipe() if own else (None, None)
         reply_read, reply_write = os.pipe() if own else (None, None)
-        mine = {write, secret_read, call_write, reply_read} - {None}
-        theirs = {read, secret_write, call_read, reply_write} - {None}
+        mark_read, mark_write = os.pipe() if marked else (None, None)
+        go_read, go_write = os.pipe() if marked else (None, None)
+        mine = {write, secret_read, call_write, reply_read, mark_write, go_read} - {None}
+        theirs = {read, secret_write, call_read, reply_write, mark_read, go_write} - {None}
         rss = _rss_kib()
         started = time.monotonic()
         pid = os.fork()
@@ -337,6 +340,8 @@ def _fork_task(task: dict, job: dict, tasks, lock=None):
                 os.close(FDS["from_parent"])
                 if own:
                     task = {**task, "secret_fd": secret_read, "call_fd": call_write, "reply_fd": reply_read}
+                if marked:
+                    task = {**task, "mark_fd": mark_write, "go_fd": go_read}
                 os.setpgid(0, 0)
                 tasks.serve(task, job, write)
             finally:
@@ -348,6 +353,8 @@ def _fork_task(task: dict, job: dict, tasks, lock=None):
     if own:
         _hand_secret(task, secret_write, lock)
         relay = _Relay(task["name"], call_read, reply_write, lock)
+    if marked:
+        relay = _Marks(task["name"], pid, mark_read, go_write)
     return pid, read, rss, started, relay
 
 
@@ -355,6 +362,63 @@ def run_task(task: dict, job: dict, tasks) -> str:
     """Run one task; return why it was stopped ("" when it ended by itself)."""
     pid, read, rss, started, relay = _fork_task(task, job, tasks)
     return _finish_task(task, pid, read, rss, started, relay=relay)
+
+
+def _proc_figures(pid: int) -> dict:
+    """The kernel's figures of task ``pid`` now: CPU seconds (its threads and the children it waited for),
+    resident and peak resident KiB; then its peak is reset (clear_refs 5), where the kernel lets us."""
+    figures = {"cpu_s": None, "rss_kib": None, "hwm_kib": None, "hwm_reset": False}
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        figures["cpu_s"] = sum(int(fields[i]) for i in (11, 12, 13, 14)) / ticks  # utime stime cutime cstime
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    figures["rss_kib" if line.startswith("VmRSS") else "hwm_kib"] = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return figures
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        figures["hwm_reset"] = True
+    except OSError:
+        pass
+    return figures
+
+
+class _Marks:
+    """A trials task's measurement points: each mark the task writes is relayed to the parent with the
+    kernel's figures of the task, and the parent's go (and what it carries) is written back.
+
+    Duck-typed as a :class:`_Relay` for :func:`_read_answer` (``call_fd``, ``pump``, ``close``).
+    """
+
+    def __init__(self, task: str, pid: int, mark_fd: int, go_fd: int):
+        self.task, self.pid, self.call_fd, self.go_fd = task, pid, mark_fd, go_fd
+
+    def pump(self, deadline: float) -> bool:
+        try:
+            data = os.read(self.call_fd, 4096)
+        except OSError:
+            data = b""
+        if not data:
+            return self.close()
+        for _ in data:
+            _send({"ev": "mark", "task": self.task, **_proc_figures(self.pid)})
+            reply, blob = _receive_frame()
+            payload = len(blob).to_bytes(8, "little") + blob if reply.get("go") else b""
+            if not payload or not _write_by(self.go_fd, payload, deadline):
+                return self.close()
+        return True
+
+    def close(self) -> bool:
+        for fd in (self.call_fd, self.go_fd):
+            if fd is not None:
+                _close_tracked(fd)
+        self.call_fd = self.go_fd = None
+        return False
 
 
 def run_parallel(group: list, job: dict, tasks, width: int) -> None:
@@ -476,6 +540,12 @@ def main(argv: list) -> int:
     import numpy
 
     (numpy.ones((4, 4)) @ numpy.ones((4, 4))).sum()
+    try:
+        # NumPy asks for huge pages for arrays of 4 MiB or more: the kernel then charges memory 2 MiB at a
+        # time as pages are first written, which would blur what one call adds. Every task inherits this.
+        numpy._core.multiarray._set_madvise_hugepage(False)
+    except AttributeError:
+        pass
     owntests = _load_sibling("owntests") if any(t.get("kind") == "owntests" for t in job["tasks"]) else None
     if "pytest" in sys.modules:
         _warm_pytest(job_dir, owntests.plugin_args(job) if owntests else [])

@@ -83,8 +83,21 @@ class TaskResult:
     stopped: str = ""  # "timeout", "oversized" or ""
     wall_s: float = 0.0
     cpu_s: float = 0.0
-    memory_bytes: int = 0  # peak during the task above the usage just before it
+    memory_bytes: int = 0  # peak after the task's first mark (its import done) above the fresh sandbox's usage
     memory_source: str = ""  # "cgroup" or "rss"
+    # The kernel's figures at each mark the task made and at its end (see ``segments``): "cpu_s" (seconds
+    # so far), "usage" (bytes now) and "peak" (the highest usage since the point before), None where unknown.
+    points: list = field(default_factory=list)
+
+    def segments(self) -> list[dict]:
+        """The task's parts between its marks, in order: ``{"cpu_s", "peak", "start", "end"}`` each, the
+        kernel's CPU seconds spent in the part, its highest memory use, and the use at its start and end
+        (bytes; None where the machine gives no such figure). Part 0 follows the first mark (the import)."""
+        out = []
+        for before, after in zip(self.points, self.points[1:]):
+            cpu = None if before["cpu_s"] is None or after["cpu_s"] is None else max(after["cpu_s"] - before["cpu_s"], 0.0)
+            out.append({"cpu_s": cpu, "peak": after["peak"], "start": before["usage"], "end": after["usage"]})
+        return out
 
     @property
     def ended_well(self) -> bool:
@@ -432,7 +445,7 @@ def _start(command: list[str], workdir: str, job: str, limits: Limits, isolation
 
 def run_session(submission_dir: str, job: dict, job_files: dict, limits: Limits, isolation=None,
                 shared: list | None = None, started: threading.Event | None = None,
-                secrets: dict | None = None, serve=None) -> SessionResult:
+                secrets: dict | None = None, serve=None, marks: dict | None = None) -> SessionResult:
     """Run ``job["tasks"]`` against the submission laid out in ``submission_dir``.
 
     ``job`` is the JSON spec the zygote reads; ``job_files`` maps extra file
@@ -442,7 +455,9 @@ def run_session(submission_dir: str, job: dict, job_files: dict, limits: Limits,
     the child is started (or could not be); ``secrets`` maps a task's name to
     what only that task's process may learn, handed over after its fork (the
     own-tests mode, "none" or "wrapped"); ``serve(task, call, blob) -> (reply, blob)`` answers a
-    wrapped task's calls (relayed by the zygote; ``call`` and ``blob`` are the child's data, never run).
+    wrapped task's calls (relayed by the zygote; ``call`` and ``blob`` are the child's data, never run);
+    ``marks`` maps a trials task's name to what its marks' goes carry, in order (a measured query that
+    the task gets only at the mark before its attention).
     ``submission_dir`` is copied, never changed. Returns every
     task's :class:`TaskResult`; a session that ends early says why in
     ``reason`` and leaves the tasks it did not reach out of ``tasks``.
@@ -496,7 +511,7 @@ def run_session(submission_dir: str, job: dict, job_files: dict, limits: Limits,
             watchdog = _Watchdog(proc.pid, workdir)
             watchdog.start()
         try:
-            _converse(channel, job, group, limits, result, secrets or {}, serve)
+            _converse(channel, job, group, limits, result, secrets or {}, serve, marks or {})
         finally:
             channel.close()
             _killpg(proc.pid)
@@ -554,12 +569,26 @@ def _answer(event: str, obj: dict, blob: bytes, group, result: SessionResult, se
     return serve(name, obj.get("call"), blob) if serve else ({"ok": False, "error": "no server"}, b"")
 
 
+def _point(group, figures: dict, rss_before: int = 0) -> dict:
+    """The kernel's figures at one of a task's marks (or its end): from the cgroup where there is one, else
+    from the task's own /proc entries as the zygote read them (peak resident size since its last mark)."""
+    if group is not None:
+        cpu = group.cpu_seconds()
+        return {"cpu_s": cpu if cpu is not None else figures.get("cpu_s"), "usage": group.usage(),
+                "peak": group.peak()}
+    kib = lambda key: None if figures.get(key) is None else int(figures[key]) * 1024 - rss_before  # noqa: E731
+    return {"cpu_s": figures.get("cpu_s"), "usage": kib("rss_kib"),
+            "peak": kib("hwm_kib") if figures.get("hwm_ok", True) else None}
+
+
 def _converse(channel: _Channel, job: dict, group, limits: Limits, result: SessionResult, secrets: dict,
-              serve=None) -> None:
-    """The session's dialogue: ready -> (reset the high-water mark) go -> done, per task."""
+              serve=None, marks: dict | None = None) -> None:
+    """The session's dialogue: ready -> (reset the high-water mark) go -> [mark -> go ...] -> done, per task."""
     deadline = time.monotonic() + limits.wall_s
     base_usage = None
     cpu_marks: dict = {}  # serial task -> the group's CPU seconds at its "ready"
+    points: dict = {}  # task -> the kernel's figures at each of its marks
+    marks = marks or {}
     known = {str(t.get("name")) for t in job["tasks"]}
     while True:
         obj, blob = channel.next_frame(deadline)
@@ -574,6 +603,27 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
                 result.reason = why
             return
         event = obj.get("ev")
+        if event == "mark":
+            # A trials task's measurement point: its figures so far, then a new peak period, then its go.
+            name = str(obj.get("task", ""))[:80]
+            if name not in known or name in result.tasks or len(points.get(name, [])) > 64:
+                result.reason = "malformed answer from the sandbox (a mark from no running task)"
+                return
+            taken = points.setdefault(name, [])
+            figures = {k: obj.get(k) for k in ("cpu_s", "rss_kib", "hwm_kib")
+                       if isinstance(obj.get(k), (int, float)) and not isinstance(obj.get(k), bool)}
+            figures["hwm_ok"] = bool(taken[-1].get("reset")) if taken else False
+            point = _point(group, figures)
+            point["reset"] = bool(obj.get("hwm_reset"))
+            if group is not None:
+                group.reset_peak()
+            given = marks.get(name, [])
+            blob_out = given[len(taken)] if len(taken) < len(given) else b""
+            taken.append(point)
+            if not channel.send({"go": True}, blob_out, deadline=deadline):
+                result.reason = "the sandbox stopped listening (or stopped reading before the session's deadline)"
+                return
+            continue
         if event in ("ready", "secret", "call"):
             # The zygote waits for an answer to each of these.
             reply = _answer(event, obj, blob, group, result, secrets, serve)
@@ -603,14 +653,33 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
                 task.answer = _clip(obj["answer"]) if isinstance(obj.get("answer"), dict) else None
             except (ValueError, RecursionError) as exc:
                 task.answer, task.answer_error = None, str(exc)
+            taken = points.get(name, [])
             if group is not None:
                 task.memory_bytes, task.memory_source = max(group.peak() - (base_usage or 0), 0), "cgroup"
                 start, now = cpu_marks.get(name), group.cpu_seconds()
                 if start is not None and now is not None:
                     task.cpu_s = max(task.cpu_s, now - start)
+                if taken:
+                    end = _point(group, {})
+                    task.points = [*taken, end]
+                    # From the first mark on: what the module ran at import is not the calls' doing.
+                    task.memory_bytes = max(max(p["peak"] for p in task.points[1:]) - (base_usage or 0), 0)
+                    if end["cpu_s"] is not None and taken[0]["cpu_s"] is not None:
+                        task.cpu_s = max(end["cpu_s"] - taken[0]["cpu_s"], 0.0)
             else:
-                task.memory_bytes = max(int(obj.get("maxrss_kib") or 0) - int(obj.get("rss_before_kib") or 0), 0) * 1024
+                rss_before = int(obj.get("rss_before_kib") or 0) * 1024
+                task.memory_bytes = max(int(obj.get("maxrss_kib") or 0) * 1024 - rss_before, 0)
                 task.memory_source = "rss"
+                if taken:
+                    end = {"cpu_s": float(obj.get("cpu_s") or 0.0), "usage": None,
+                           "peak": int(obj.get("maxrss_kib") or 0) * 1024 - rss_before if taken[-1]["reset"] else None}
+                    less = lambda v: None if v is None else v - rss_before  # noqa: E731 - as the end's figures
+                    task.points = [*({**p, "usage": less(p["usage"]), "peak": less(p["peak"])} for p in taken), end]
+                    peaks = [p["peak"] for p in task.points[1:]]
+                    if all(p is not None for p in peaks):
+                        task.memory_bytes = max(max(peaks), 0)
+                    if taken[0]["cpu_s"] is not None:
+                        task.cpu_s = max(end["cpu_s"] - taken[0]["cpu_s"], 0.0)
             result.tasks[name] = task
         elif event == "end":
             stopped = [t.name for t in result.tasks.values() if t.stopped == "timeout"]

@@ -1,0 +1,251 @@
+"""The structural probes: calls at realistic sizes whose cost the kernel measures from outside the submission.
+
+Each probe is a trial like the hidden ones, run in a process of its own, with
+*marks* between its calls (``grader.child.tasks.mark``): at each mark the parent
+takes the kernel's figures (CPU seconds, memory in use, the highest use since
+the mark before) and starts a new peak period, so every figure is about one
+part of the run. The first mark follows the import: nothing the submission's
+module runs at import counts. A measured attention gets its query only at the
+mark before it (``"q": "go"``), so no work on that query can happen earlier.
+
+The layouts are drawn per seed from real checkpoints (``CHECKPOINTS``), with
+dtypes, lengths and reservations drawn too, each layout beside its twin at
+G = 1 where a repeat is judged, so that no test on the shapes a cache is handed
+tells a measured call from another realistic one. What was drawn goes into the
+report (``describe``). Three purposes:
+
+* ``memory``: per layout, a batch of short prompts (full prefill, T = S), then
+  one row filled to a few thousand tokens, a decode step and a chunk of a few
+  tokens (chunked prefill); each attention call is a part of its own, so a
+  repeat shows in whichever path makes it (``criteria.no_repeat``);
+* ``grow``: a short prefill (an eighth of the tokens), then one-token appends
+  to the end, a mark every 1/32 of the tokens: a part in which the cache is
+  reallocated and copied holds the old and the new buffer at once
+  (``criteria.in_place``);
+* ``scan``: the same decode steps in a reservation a little above the live
+  length and in one many times larger, each twice; the steps after the first
+  are one part, so what making the cache costs (a ``max_len``^2 mask table)
+  counts in neither (``criteria.live_length``).
+
+The bounds these figures are judged by are in ``grader.bounds``; how they were
+measured is in docs/measurement.md.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MIB = 2**20
+
+# (name, Hq, Hkv, head_dim): the attention layouts of released checkpoints, from each model's config.json
+# (num_attention_heads, num_key_value_heads, hidden_size / num_attention_heads). G = Hq / Hkv runs from 4 to 16.
+CHECKPOINTS = [
+    ("Llama 3.1 8B", 32, 8, 128), ("Llama 3.1 70B", 64, 8, 128), ("Llama 3.1 405B", 128, 8, 128),
+    ("Llama 3.2 3B", 24, 8, 128), ("Llama 3.2 1B", 32, 8, 64), ("Falcon 40B", 128, 8, 64),
+    ("Qwen2.5 7B", 28, 4, 128), ("TinyLlama 1.1B", 32, 4, 64),
+    ("Qwen2.5 3B", 16, 2, 128), ("Qwen2.5 1.5B", 12, 2, 128), ("Qwen2.5 0.5B", 14, 2, 64),
+    ("SantaCoder 1.1B", 16, 1, 128),
+]
+DTYPES = ("float32", "float64")
+ITEM = {"float32": 4, "float64": 8}
+
+
+@dataclass
+class Probe:
+    """One probe task: its configuration (what the child gets, less the queries) and what the parent keeps.
+
+    ``config`` holds ``purpose``, ``layout`` (a checkpoint's name, or its twin's), ``Hkv``, ``G``, ``d``,
+    ``dtype``, ``seed`` and the purpose's sizes; ``live_bytes`` is the K/V the measured row holds at its
+    measured calls (bytes).
+    """
+
+    name: str
+    purpose: str  # "memory", "grow", "scan"
+    config: dict
+    live_bytes: int
+    twin_of: str = ""  # a memory probe at G = 1: the name of the layout it stands beside
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of the mapped inputs of the measured row (a peak-RSS figure counts them; a cgroup's does not)."""
+        return self.live_bytes
+
+
+@dataclass
+class Built:
+    """A probe laid out: its trials for the child, the queries its marks hand over, the outputs to expect."""
+
+    trials: list
+    marks: list = field(default_factory=list)  # bytes each mark's go carries, in order
+    expected: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def _tokens(target_bytes: float, Hkv: int, d: int, dtype: str, low: int, high: int) -> int:
+    return int(min(max(target_bytes / (2 * Hkv * d * ITEM[dtype]), low), high))
+
+
+def probes(seed: int) -> list[Probe]:
+    """The probe tasks of ``seed``: layouts, dtypes, lengths and reservations drawn from ``CHECKPOINTS``."""
+    rng = np.random.default_rng([seed, 21])
+    out = []
+    # Memory: three layouts of three different KV-head counts, each beside its twin at G = 1.
+    counts = sorted({hkv for _, _, hkv, _ in CHECKPOINTS})
+    for Hkv in rng.choice(counts, size=3, replace=False):
+        choices = [c for c in CHECKPOINTS if c[2] == Hkv]
+        name, Hq, Hkv, d = choices[int(rng.integers(len(choices)))]
+        dtype = DTYPES[int(rng.integers(2))]
+        live = _tokens(rng.uniform(8, 16) * MIB, Hkv, d, dtype, 1024, 4096)
+        chunk = max(2, d // 32)  # few queries beside d: their scores stay small beside the K/V they read
+        prompt_T = chunk
+        prompt_B = int(min(max(rng.uniform(4, 8) * MIB / (2 * Hkv * prompt_T * d * ITEM[dtype]), 32), 512))
+        max_len = int((live + chunk) * rng.uniform(1.02, 1.5)) + 8
+        base = {"purpose": "memory", "Hkv": int(Hkv), "d": d, "dtype": dtype, "live": live, "chunk": chunk,
+                "prompt_B": prompt_B, "prompt_T": prompt_T, "max_len": max_len, "seed": int(rng.integers(2**31))}
+        live_bytes = 2 * Hkv * live * d * ITEM[dtype]
+        out.append(Probe(f"memory-{Hq}-{Hkv}", "memory", {**base, "G": Hq // Hkv, "layout": name,
+                                                          "prompt_Hkv": int(Hkv), "prompt_G": Hq // Hkv}, live_bytes))
+        # The twin: the same cache at G = 1, and its prompts with as many KV heads as the layout has query heads
+        # (MHA): a prompt's output and scores are the layout's, while a repeat would add the layout's K/V G times.
+        out.append(Probe(f"memory-{Hkv}-{Hkv}", "memory", {**base, "G": 1, "layout": f"{name}, G = 1",
+                                                           "prompt_Hkv": Hq, "prompt_G": 1}, live_bytes,
+                         twin_of=f"memory-{Hq}-{Hkv}"))
+    # Growth: one layout, a short prefill, one-token appends to the end.
+    name, Hq, Hkv, d = CHECKPOINTS[int(rng.integers(len(CHECKPOINTS)))]
+    dtype = DTYPES[int(rng.integers(2))]
+    total = _tokens(rng.uniform(8, 16) * MIB, Hkv, d, dtype, 1024, 8192)
+    cfg = {"purpose": "grow", "layout": name, "Hkv": Hkv, "G": Hq // Hkv, "d": d, "dtype": dtype, "total": total,
+           "prefill": total // 8, "every": max(total // 32, 1), "max_len": total + int(rng.integers(8, 64)),
+           "seed": int(rng.integers(2**31))}
+    out.append(Probe("grow", "grow", cfg, 2 * Hkv * total * d * ITEM[dtype]))
+    # Live length: one layout, the same decode steps in a small and a large reservation, twice each.
+    name, Hq, Hkv, d = CHECKPOINTS[int(rng.integers(len(CHECKPOINTS)))]
+    dtype = DTYPES[int(rng.integers(2))]
+    live = _tokens(rng.uniform(4, 8) * MIB, Hkv, d, dtype, 1024, 2048)
+    decodes = int(rng.integers(48, 81))
+    small = int((live + decodes) * rng.uniform(1.02, 1.2)) + 8
+    large = int(small * rng.uniform(6, 10))
+    seed_kv = int(rng.integers(2**31))
+    for label, max_len in (("small", small), ("large", large)):
+        for run in (1, 2):
+            cfg = {"purpose": "scan", "layout": name, "Hkv": Hkv, "G": Hq // Hkv, "d": d, "dtype": dtype,
+                   "live": live, "decodes": decodes, "max_len": max_len, "seed": seed_kv,
+                   "reservation": label, "run": run}
+            out.append(Probe(f"scan-{label}" + ("" if run == 1 else f"-{run}"), "scan", cfg,
+                             2 * Hkv * (live + decodes) * d * ITEM[dtype]))
+    return out
+
+
+def describe(plan_probes: list[Probe]) -> list[dict]:
+    """What was drawn, for the report: per probe its purpose, layout, Hq/Hkv, head_dim, dtype and sizes."""
+    keep = ("layout", "dtype", "d", "live", "total", "max_len", "chunk", "prompt_B", "prompt_T", "decodes")
+    return [{"probe": p.name, "purpose": p.purpose, "Hq": p.config["Hkv"] * p.config["G"], "Hkv": p.config["Hkv"],
+             **{k: p.config[k] for k in keep if k in p.config}} for p in plan_probes]
+
+
+# ---------------------------------------------------------------- inputs, queries and expected outputs
+
+def _normal(seed, *key, shape, dtype: str) -> np.ndarray:
+    return np.random.default_rng([seed, *key]).standard_normal(shape).astype(dtype)
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Attention of ``q`` ``[B, Hq, T, d]`` over all of ``k``, ``v`` ``[B, Hkv, S, d]`` with the
+    bottom-right causal mask (query t sees keys ``0 .. S - T + t``), float64, query head h reading
+    KV head ``h // G``: the probes' expected outputs (every row full, no padding)."""
+    B, Hq, T, d = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    qg = q.astype(np.float64).reshape(B, Hkv, G, T, d)
+    scores = np.einsum("bhgtd,bhsd->bhgts", qg, k.astype(np.float64)) / np.sqrt(d)
+    visible = np.arange(S)[None, :] <= (S - T + np.arange(T))[:, None]
+    scores = np.where(visible, scores, -np.inf)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return np.einsum("bhgts,bhsd->bhgtd", weights, v.astype(np.float64)).reshape(B, Hq, T, d)
+
+
+def _step(flat, k, v, n_new, dtype, **more) -> dict:
+    return {"k": flat.ref(k, dtype), "v": flat.ref(v, dtype), "n_new": list(n_new), **more}
+
+
+def build(probe: Probe, flat, memo: dict | None = None) -> Built:
+    """``probe`` as trials whose inputs lie in ``flat`` (a ``grader.jobs.Flat``), with the queries its marks
+    hand over and the outputs the parent expects (the last outputs the child returns). ``memo`` shares the
+    K/V of probes that have the same cache (a layout and its twin; the runs of one live length)."""
+    c, memo = probe.config, {} if memo is None else memo
+    Hkv, G, d, dtype, seed = c["Hkv"], c["G"], c["d"], c["dtype"], c["seed"]
+    Hq = Hkv * G
+    trial = lambda B, max_len, steps, **more: {"name": "t", "B": B, "Hkv": Hkv, "G": G, "d": d,  # noqa: E731
+                                               "max_len": max_len, "dtype": dtype, "steps": steps, **more}
+    tag = zlib.crc32(probe.name.encode())  # each probe's queries its own, twins and runs included
+    secret = lambda *key, shape: _normal(seed, 9, tag, *key, shape=shape, dtype="float32")  # noqa: E731
+    if c["purpose"] == "memory":
+        key = ("memory", seed, Hkv, d, dtype)
+        if key not in memo:
+            S = c["live"] + c["chunk"]
+            memo[key] = {"k": _normal(seed, 3, shape=(1, Hkv, S, d), dtype=dtype),
+                         "v": _normal(seed, 4, shape=(1, Hkv, S, d), dtype=dtype)}
+            memo[key]["refs"] = {}
+        kv, refs = memo[key], memo[key]["refs"]
+        B, T, live, chunk = c["prompt_B"], c["prompt_T"], c["live"], c["chunk"]
+        Hp, Gp = c["prompt_Hkv"], c["prompt_G"]
+        prompt_k = _normal(seed, 1, Hp, shape=(B, Hp, T, d), dtype=dtype)
+        prompt_v = _normal(seed, 2, Hp, shape=(B, Hp, T, d), dtype=dtype)
+        prompt = _step(flat, prompt_k, prompt_v, [T] * B, dtype)
+        if not refs:  # the twin reads the same inputs
+            refs["prefill"] = _step(flat, kv["k"][:, :, :live - 1], kv["v"][:, :, :live - 1], [live - 1], dtype)
+            refs["decode"] = _step(flat, kv["k"][:, :, live - 1:live], kv["v"][:, :, live - 1:live], [1], dtype)
+            refs["chunk"] = _step(flat, kv["k"][:, :, live:], kv["v"][:, :, live:], [chunk], dtype)
+        q = {"prompt": secret(1, shape=(B, Hp * Gp, T, d)), "decode": secret(2, shape=(1, Hq, 1, d)),
+             "chunk": secret(3, shape=(1, Hq, chunk, d))}
+        go = lambda part: {"mark": True, "q": "go", "q_shape": list(q[part].shape)}  # noqa: E731
+        trials = [{**trial(B, T + 4, [{**prompt, **go("prompt"), "mark_after": True, "digest": True}]),
+                   "Hkv": Hp, "G": Gp},
+                  trial(1, c["max_len"], [{**refs["prefill"], "attend": False},
+                                          {**refs["decode"], **go("decode"), "mark_after": True},
+                                          {**refs["chunk"], **go("chunk")}])]
+        q = {part: x.astype(dtype) for part, x in q.items()}
+        weights = _normal(seed, 10, tag, shape=(B,), dtype="float64")
+        expected = [np.einsum("b,bhtd->htd", weights, reference(q["prompt"], prompt_k, prompt_v)),
+                    reference(q["decode"], kv["k"][:, :, :live], kv["v"][:, :, :live]),
+                    reference(q["chunk"], kv["k"], kv["v"])]
+        # Marks in order: before the prompt's attention, after it, before the decode's, after it, before the chunk's.
+        marks = [q["prompt"].tobytes(), weights.tobytes(), q["decode"].tobytes(), b"", q["chunk"].tobytes()]
+        return Built(trials, marks, np.concatenate([e.ravel() for e in expected]))
+    if c["purpose"] == "grow":
+        total, prefill, every = c["total"], c["prefill"], c["every"]
+        k = _normal(seed, 5, shape=(1, Hkv, total, d), dtype=dtype)
+        v = _normal(seed, 6, shape=(1, Hkv, total, d), dtype=dtype)
+        steps = [{**_step(flat, k[:, :, :prefill], v[:, :, :prefill], [prefill], dtype), "attend": False,
+                  "mark": True}]
+        # One token a step, from token-major copies: each step's k_new is one contiguous slice of the flat array.
+        k_rows, v_rows = flat.ref(np.ascontiguousarray(k[0].transpose(1, 0, 2)), dtype), \
+            flat.ref(np.ascontiguousarray(v[0].transpose(1, 0, 2)), dtype)
+        for s in range(prefill, total):
+            one = lambda rows: [rows[0] + s * Hkv * d, [1, Hkv, 1, d]]  # noqa: E731
+            steps.append({"k": one(k_rows), "v": one(v_rows), "n_new": [1], "attend": False,
+                          **({"mark": True} if (s + 1 - prefill) % every == 0 and s + 1 < total else {})})
+        from grader.child.tasks import TAIL
+
+        built = Built([trial(1, c["max_len"], steps, tail=TAIL)], expected=k[0, :, total - TAIL:].astype(np.float64))
+        built.marks = [b""] * sum(1 for s in steps if s.get("mark"))
+        return built
+    # scan
+    live, decodes = c["live"], c["decodes"]
+    key = ("scan", seed, Hkv, d, dtype, live, decodes)
+    if key not in memo:
+        S = live + decodes
+        k = _normal(seed, 7, shape=(1, Hkv, S, d), dtype=dtype)
+        v = _normal(seed, 8, shape=(1, Hkv, S, d), dtype=dtype)
+        memo[key] = {"k": k, "v": v, "prefill": _step(flat, k[:, :, :live], v[:, :, :live], [live], dtype),
+                     "steps": [_step(flat, k[:, :, s:s + 1], v[:, :, s:s + 1], [1], dtype) for s in range(live, S)]}
+    kv = memo[key]
+    q = secret(1, shape=(1, Hq, 1, d))
+    steps = [{**kv["prefill"], "attend": False}]
+    for i, step in enumerate(kv["steps"]):
+        # The first two steps mark (the first hands over the query): the steps after the second are the figure.
+        steps.append({**step, "q": "go", "q_shape": list(q.shape), **({"mark": True} if i < 2 else {})})
+    return Built([trial(1, c["max_len"], steps)], [q.astype(dtype).tobytes()] * 2,
+                 reference(q.astype(dtype), kv["k"], kv["v"]))
