@@ -6,10 +6,15 @@ the classroom notebook's role marker (cell metadata ``kvkit.role``, see
 docs/notebook.md) is split by role into the contract's files: ``implementation``
 cells become ``kv_cache.py``, ``cost`` cells ``cost.py``, ``port`` cells
 ``kv_cache_torch.py`` and ``own_tests`` cells the candidate's test file; any
-other notebook (a candidate's own) has all its code cells taken as
-``kv_cache.py``. Shell and magic lines are dropped either way. The notebook is
-read as JSON by nbformat and its cells as syntax by ``ast``: nothing in it runs
-in the grader's process.
+other notebook (a candidate's own) is read as its writer meant it: its
+definitions are ``kv_cache.py`` and its top-level statements are exploration,
+left out (``own_definitions``). Cell magics that run Python keep their body,
+``%%writefile NAME`` lays out that file, shell and other magic lines are
+dropped (``cell_parts``). The notebook is read as JSON by nbformat and its
+cells as syntax by ``ast``: nothing in it runs in the grader's process.
+
+A hand-back lays out at most ``MAX_LAID_OUT`` files and folders, counted
+before anything is copied (``check_count``).
 """
 from __future__ import annotations
 
