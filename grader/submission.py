@@ -504,10 +504,10 @@ def own_definitions(cells: list[tuple[int, str]], known: set[str] | None = None,
     - assignments to plain names whose value is settled at definition time: made
       of constants, names already kept (or builtins), attribute reads,
       operators, subscripts, containers and lambdas, calling nothing; a name in
-      capitals (two letters or more: ``SCALE = 1 / math.sqrt(64)``,
-      ``DEVICE = torch.device("cpu")``) may also call an imported module's
-      function or a pure builtin, never a random draw (``np.random``) nor the
-      notebook's own code;
+      capitals, a constant by Python's convention (``SCALE = 1 / math.sqrt(64)``,
+      ``DEVICE = torch.device("cpu")``, ``T = TypeVar("T")``), may also call an
+      imported module's function or a pure builtin, never a random draw
+      (``np.random``, ``torch.randn``) nor the notebook's own code;
     - ``try`` and ``if`` blocks made only of such definitions (a guarded
       ``try: import torch`` / ``except ImportError: torch = None``), but never
       ``if __name__ == "__main__":``.
@@ -601,7 +601,7 @@ def _keep_definition(node, state: dict) -> bool:
                  and not isinstance(n, (ast.Tuple, ast.List, ast.Starred))]
         if not names or not all(isinstance(n, ast.Name) for n in names):
             return False  # an attribute or an item set (``cfg.x = 1``): a statement about something else
-        capitals = all(len(n.id) > 1 and n.id.isupper() for n in names)
+        capitals = all(n.id.isupper() for n in names)
         if node.value is not None and not _settled(node.value, state, calls=capitals):
             return False
     elif isinstance(node, ast.If):

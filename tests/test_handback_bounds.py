@@ -312,15 +312,16 @@ def test_an_own_notebook_keeps_its_definitions_and_leaves_out_exploration(tmp_pa
     ("Y = undefined_name * 3\n", False),                  # reads a name nothing kept defines
     ("import math\nEPS = math.ulp(1.0)\n", True),         # a constant in capitals may call a module
     ("import math\neps = math.ulp(1.0)\n", False),        # ... a lower-case name is exploration data
-    ("import numpy as np\nQK = np.random.rand(3)\n", False),  # ... never a random draw
+    ("import numpy as np\nQ = np.random.rand(3)\n", False),  # ... never a random draw
+    ("from typing import TypeVar\nT = TypeVar('T')\n", True),
     ("def f():\n    return 1\nF1 = f()\n", False),        # ... nor the notebook's own code
     ("NEG_INF = float('-inf')\n", True),
     ("import numpy as np\nf = lambda x: np.exp(x)\n", True),
     ("if __name__ == '__main__':\n    X = 1\n", False),
     ("import sys\nif sys.version_info >= (3, 11):\n    FAST = True\nelse:\n    FAST = False\n", True),
     ("import numpy as np\ncfg = {}\ncfg['a'] = 1\n", False),
-], ids=["constants", "undefined", "module call", "lower call", "random", "own call", "builtin", "lambda",
-        "main guard", "if block", "item set"])
+], ids=["constants", "undefined", "module call", "lower call", "random", "type variable", "own call", "builtin",
+        "lambda", "main guard", "if block", "item set"])
 def test_which_assignments_are_definitions(code, kept):
     from grader.submission import own_definitions
 
