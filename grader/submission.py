@@ -521,7 +521,7 @@ def own_definitions(cells: list[tuple[int, str]], known: set[str] | None = None,
     import builtins
 
     defined = set(dir(builtins)) | {"__name__", "__file__", "__doc__"} | set(known or ())
-    state = {"defined": defined, "imported": set(), "star": False}
+    state = {"defined": defined, "imported": set(), "star": False, "journal": []}
     chosen, left = [], []  # chosen: (cell index, lines, node)
     for index, (number, source) in enumerate(cells):
         # A lone surrogate (JSON can carry one) fails to parse: it is "?" here, as in the file written.
@@ -545,7 +545,8 @@ def own_definitions(cells: list[tuple[int, str]], known: set[str] | None = None,
                   if isinstance(node, (ast.Import, ast.ImportFrom)) and not _import_used(node, used)]
         for index, lines, node in unused:
             left.append((cells[index][0], f"{_first_line(lines, node)} (nothing kept uses it)"))
-        chosen = [c for c in chosen if all(c[2] is not u[2] for u in unused)]
+        dropped = {id(node) for _, _, node in unused}
+        chosen = [c for c in chosen if id(c[2]) not in dropped]
     kept = [[] for _ in cells]
     for index, lines, node in chosen:
         kept[index].append(_definition_text(lines, node))
@@ -592,7 +593,7 @@ def _keep_definition(node, state: dict) -> bool:
 
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         state["star"] = state["star"] or any(a.name == "*" for a in node.names)
-        state["imported"] |= _binds(node)
+        _bind(state, "imported", _binds(node))
     elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         pass
     elif isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -615,8 +616,16 @@ def _keep_definition(node, state: dict) -> bool:
                             *node.finalbody], state)
     else:
         return False
-    state["defined"] |= _binds(node)
+    _bind(state, "defined", _binds(node))
     return True
+
+
+def _bind(state: dict, key: str, names: set[str]) -> None:
+    """Add ``names`` to ``state[key]``, each one new recorded in ``state["journal"]`` (so a block that turns
+    out not to be a definition is taken back in the time it took, never by copying every name so far)."""
+    for name in names - state[key]:
+        state[key].add(name)
+        state["journal"].append((key, name))
 
 
 def _keep_block(statements: list, state: dict) -> bool:
@@ -624,11 +633,14 @@ def _keep_block(statements: list, state: dict) -> bool:
     names they bind join ``state``."""
     import ast
 
-    trial = {"defined": set(state["defined"]), "imported": set(state["imported"]), "star": state["star"]}
-    if not all(isinstance(s, ast.Pass) or _keep_definition(s, trial) for s in statements):
-        return False
-    state.update(trial)
-    return True
+    mark, star = len(state["journal"]), state["star"]
+    if all(isinstance(s, ast.Pass) or _keep_definition(s, state) for s in statements):
+        return True
+    for key, name in state["journal"][mark:]:
+        state[key].discard(name)
+    del state["journal"][mark:]
+    state["star"] = star
+    return False
 
 
 def _is_main_guard(test) -> bool:
