@@ -58,7 +58,7 @@ PLANTED = ["chunk_local_mask", "off_by_one_mask", "ragged_keys_unmasked", "modul
 # The control: the same wrapping machinery with no change in behaviour. Tests
 # that fail on it detect the wrapper, not a mistake.
 CONTROL = "identity"
-# The mistake a candidate's own tests must catch (Strong Hire, the learner's step 7, the notebook).
+# The mistake a candidate's own tests must catch (the grader, the learner's step 7, the notebook).
 MUST_CATCH = "chunk_local_mask"
 
 

@@ -1,18 +1,24 @@
 """The learner's progress view, in the spirit of rustlings: ``kvkit progress`` and ``kvkit hint``.
 
 Reads the step list from ``steps.toml`` in the exercises directory (step order,
-goals, test files, hints: data, not code), runs each step's tests with pytest
-in its own process, and shows every step as done or pending, the current
-step's goal in one sentence and its first failing check in plain words.
+goals, test files, what each step builds on, hints: data, not code), runs each
+step's tests with pytest in its own process, and shows every step as done or
+pending, the current step's goal in one sentence and its first failing check
+in plain words.
 
     kvkit progress [--dir DIR] [--watch]     every step, done or pending; exit 0 only when all pass
     kvkit hint [--dir DIR] [--step N]        the next hint for the current step, one at a time
 
-It says which step is running before it runs it. One check that does not
-return within ``--timeout`` seconds (10; ``$KVKIT_CHECK_TIMEOUT``) fails its
-step with the function it called and the line it was stuck on (the step
-tests' stepkit.watch interrupts it; see ``run_step`` for the backstops), and
-the steps after a stuck one are stopped: the learner fixes that loop first.
+It answers at the speed of a save. The current step (the one the last run
+stopped at, remembered in ``.kvkit-hints.json``) runs first, alone, and its
+failure is printed as soon as it is known; then the steps before it are
+checked again, and a step after it runs only when every step it builds on
+(``needs`` in steps.toml) passes. One check that does not return within
+``--timeout`` seconds (10; ``$KVKIT_CHECK_TIMEOUT``) fails its step with the
+function it called and the line it was stuck on (the step tests'
+stepkit.watch interrupts it; see ``run_step`` for the backstops), and stops
+only the steps that build on it. ``--watch`` starts again when a file is
+saved, even mid-run. Ctrl-C ends either command with one line and exit code 130.
 
 This file is self-contained (the standard library, plus rich when it is
 installed), so the starter bundle ships a copy of it as ``progress.py``:
@@ -34,17 +40,19 @@ import threading
 import time
 import tomllib
 import xml.etree.ElementTree as ET
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
 STEPS_FILE = "steps.toml"
-HINTS_STATE = ".kvkit-hints.json"
+HINTS_STATE = ".kvkit-hints.json"     # the hints shown per step, and the step the last run stopped at
+CURRENT_KEY = "current_step"          # that step's key in it (the hints' keys are step numbers)
 IMPL_ENV = "KVKIT_IMPL"
 STEP_TIMEOUT_S = 600            # a whole step's pytest run, the last resort (step 7 runs many)
 CHECK_TIMEOUT_ENV = "KVKIT_CHECK_TIMEOUT"  # read by the step tests (stepkit.py) too
 CHECK_DUMP_ENV = "KVKIT_CHECK_DUMP"        # where the step tests' backstop writes the stuck stacks
 CHECK_TIMEOUT_S = 10.0          # one check: one configuration's calls into the learner's code
+INTERRUPTED = 130               # exit code after Ctrl-C, as a shell gives
 
 
 class UsageError(Exception):
@@ -61,6 +69,8 @@ class Step:
     tests: list[str]
     fills: str = ""
     hints: list[str] = field(default_factory=list)
+    needs: list[int] = field(default_factory=list)          # the steps it builds on (directly)
+    missed: dict[str, str] = field(default_factory=dict)    # step 7: how a test catches each planted mistake
 
 
 @dataclass
@@ -80,7 +90,8 @@ class Result:
     seconds: float = 0.0
     properties: dict = field(default_factory=dict)
     stuck: bool = False    # a check ran past the timeout (or the whole run past its limit)
-    stopped: bool = False  # not run, or ended early: an earlier step got stuck, or Ctrl-C
+    stopped: bool = False  # not run, or ended early: a step it builds on is not done, a save, or Ctrl-C
+    waits_for: int | None = None  # stopped because this step (one it builds on) is not done
 
 
 # --------------------------------------------------------------------------- steps
@@ -118,16 +129,32 @@ def load_steps(folder: Path) -> list[Step]:
     for i, raw in enumerate(data.get("step", []), start=1):
         try:
             step = Step(number=int(raw.get("number", i)), title=raw["title"], goal=raw["goal"],
-                        tests=list(raw["tests"]), fills=raw.get("fills", ""), hints=list(raw.get("hints", [])))
+                        tests=list(raw["tests"]), fills=raw.get("fills", ""), hints=list(raw.get("hints", [])),
+                        needs=[int(n) for n in raw.get("needs", [])], missed=dict(raw.get("missed", {})))
         except KeyError as exc:
             raise UsageError(f"{path}: step {i} has no {exc.args[0]!r}") from exc
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"{path}: step {i}: {exc}") from exc
         for test in step.tests:
             if not (folder / test).is_file():
                 raise UsageError(f"{path}: step {step.number} names {test}, which is not in {folder}")
+        earlier = {s.number for s in steps}
+        if not set(step.needs) <= earlier:
+            raise UsageError(f"{path}: step {step.number} needs step(s) "
+                             f"{', '.join(map(str, sorted(set(step.needs) - earlier)))}, which do not come before it")
         steps.append(step)
     if not steps:
         raise UsageError(f"{path} lists no [[step]]")
     return steps
+
+
+def all_needs(steps: list[Step]) -> dict[int, set[int]]:
+    """``{step number: every step of ``steps`` it builds on}``: its ``needs``, theirs, and so on (a step
+    left out of ``steps`` counts as passed)."""
+    found: dict[int, set[int]] = {}
+    for step in steps:  # a step needs only steps before it (load_steps checks), so one pass is enough
+        found[step.number] = {n for n in step.needs if n in found}.union(*(found.get(n, set()) for n in step.needs))
+    return found
 
 
 # --------------------------------------------------------------------------- running
@@ -324,52 +351,146 @@ def _announce(out, step: Step) -> None:
         out.line((f"running step {step.number}: {step.title} ...", "dim"))
 
 
-def run_all(steps: list[Step], folder: Path, jobs: int | None = None, impl: Path | None = None,
-            out=None, check_seconds: float | None = None) -> list[Result]:
-    """Every step's result, in step order; steps run side by side in ``jobs`` processes.
+def _waiting(step: Step, blocker: Result, started: bool) -> Result:
+    """The result of a step not run (or ended early) because ``blocker``, a step it builds on, is not done."""
+    n = blocker.step.number
+    why = f"step {n} got stuck first" if blocker.stuck else f"it builds on step {n}, which is not done yet"
+    return Result(step, "pending", check="(stopped)" if started else "(not run)", stopped=True, waits_for=n,
+                  failure=f"step {step.number}: {'stopped before it finished' if started else 'not run'}: {why}.")
 
-    Each step is announced on ``out`` (when given) as it starts. Once a step
-    gets stuck (a check ran past the timeout), the steps after it are stopped
-    or not started: they would likely hang on the same loop, and the current
-    step is the stuck one (or one before it) either way.
+
+def run_all(steps: list[Step], folder: Path, jobs: int | None = None, impl: Path | None = None,
+            out=None, check_seconds: float | None = None, first: int | None = None, stop=None,
+            on_current=None) -> list[Result]:
+    """Every step's result, in step order: the current step first, alone, then the rest side by side.
+
+    ``first`` is the step to run first (the one the last run stopped at; the
+    first step when None or unknown). It runs alone, so its answer comes as
+    soon as one step's tests can give it. Then the steps before it run again
+    (they passed last time; a change may have broken one) and the steps after
+    it, up to ``jobs`` at a time, in step order. A step starts once every step
+    it builds on (its ``needs``, and theirs) has passed in this run; one of
+    them that fails or gets stuck keeps it from starting (or stops it): a
+    failing or stuck step holds back only the steps that build on it. The
+    steps before ``first`` count as passed until their new result says
+    otherwise.
+
+    Each step is announced on ``out`` (when given) as it starts.
+    ``on_current(result)``, when given, is called once, as soon as the
+    current step's failure is known: the first step in order that is not
+    done, every step before it done (or, before ``first``, not yet checked
+    again). ``stop()``, when given, is polled while steps run: a non-empty
+    reason it returns ends every step (they are then ``stopped``). Ctrl-C
+    (KeyboardInterrupt) ends every running step's processes and is raised again.
     """
     jobs = jobs or max(1, min(len(steps), os.cpu_count() or 1))
+    needs = all_needs(steps)
+    index = {s.number: i for i, s in enumerate(steps)}
+    head = index.get(first, 0) if first is not None else 0
+    trusted = {s.number for s in steps[:head]}  # passed at the last run; checked again after the first step
+    results: dict[int, Result] = {}
     lock = threading.Lock()
-    first_stuck: list[int] = []
     interrupted = threading.Event()
+    shown: list[int] = []
 
-    def reason(index: int) -> str:
+    def blocker(step: Step) -> Result | None:
+        with lock:
+            return next((results[n] for n in sorted(needs[step.number], key=index.get)
+                         if n in results and results[n].status != "done"), None)
+
+    def halted() -> str:
         if interrupted.is_set():
             return "interrupted"
+        return (stop() if stop is not None else "") or ""
+
+    def current_known() -> Result | None:
+        """The current step's result once it is known (call under the lock); None until then."""
+        for s in steps:
+            r = results.get(s.number)
+            if r is None:
+                if s.number in trusted:
+                    continue  # not checked again yet: counts as done
+                return None
+            if r.status != "done":
+                return None if r.stopped and r.waits_for is None else r  # a save or Ctrl-C ended it
+        return None
+
+    def record(result: Result) -> None:
         with lock:
-            before = [i for i in first_stuck if i < index]
-        return f"step {steps[min(before)].number} got stuck first" if before else ""
+            results[result.step.number] = result
+            show = None if shown or on_current is None else current_known()
+            if show is not None:
+                shown.append(show.step.number)
+        if show is not None:
+            on_current(show)
 
-    def one(index: int) -> Result:
-        step = steps[index]
-        why = reason(index)
-        if why:
-            return Result(step, "pending", check="(not run)", stopped=True,
-                          failure=f"step {step.number}: not run: {why}.")
+    def run_one(step: Step) -> None:
         _announce(out, step)
-        result = run_step(step, folder, impl=impl, check_seconds=check_seconds, stop=lambda: reason(index))
-        if result.stuck:
-            with lock:
-                first_stuck.append(index)
-        return result
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(one, i) for i in range(len(steps))]
-        try:
-            return [f.result() for f in futures]
-        except BaseException:  # Ctrl-C: every running step ends its process group at its next poll
-            interrupted.set()
-            raise
+        def reason() -> str:
+            found = blocker(step)
+            return halted() or (f"step {found.step.number} is not done" if found is not None else "")
+
+        result = run_step(step, folder, impl=impl, check_seconds=check_seconds, stop=reason)
+        if result.stopped and (found := blocker(step)) is not None and not halted():
+            result = _waiting(step, found, started=True)
+        record(result)
+
+    def ready(step: Step) -> bool:
+        """Every step it builds on passed in this run (or, before ``first``, is still being checked again)."""
+        with lock:
+            return all(n in results or n in trusted for n in needs[step.number])
+
+    try:
+        run_one(steps[head])
+        waiting_list = [s for i, s in enumerate(steps) if i != head]
+        running: dict = {}
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            try:
+                while waiting_list or running:
+                    for step in list(waiting_list):
+                        why = halted()
+                        found = None if why else blocker(step)
+                        if why or found is not None:
+                            waiting_list.remove(step)
+                            record(_waiting(step, found, started=False) if found is not None else
+                                   Result(step, "pending", check="(not run)", stopped=True,
+                                          failure=f"step {step.number}: not run: {why}."))
+                        elif len(running) < jobs and ready(step):
+                            waiting_list.remove(step)
+                            running[pool.submit(run_one, step)] = step
+                    if not running:
+                        if waiting_list and not halted():  # cannot happen: the first step left is always ready
+                            raise RuntimeError(f"steps {[w.number for w in waiting_list]} wait on nothing")
+                        continue
+                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        del running[future]
+                        future.result()
+            except BaseException:  # Ctrl-C: every running step ends its process group at its next poll
+                interrupted.set()
+                raise
+    except BaseException:
+        interrupted.set()
+        raise
+    # A step that ran while a step before ``first`` it builds on was being checked again, and failed before
+    # that one did: its failure is most likely that one's, so it waits for it like the steps that never started.
+    for s in steps:
+        r = results[s.number]
+        if r.status != "done" and r.waits_for is None and not r.stopped and (found := blocker(s)) is not None:
+            results[s.number] = _waiting(s, found, started=True)
+    return [results[s.number] for s in steps]
 
 
-def run_until_pending(steps: list[Step], folder: Path, out=None, check_seconds: float | None = None) -> Result | None:
-    """Run the steps in order and stop at the first that is not done; None when all are."""
-    for step in steps:
+def run_until_pending(steps: list[Step], folder: Path, out=None, check_seconds: float | None = None,
+                      first: int | None = None) -> Result | None:
+    """Run the steps in order from ``first`` (the first step when None) and stop at the first that is not done.
+
+    The steps before ``first`` count as done (they passed at the last run).
+    Returns None when every step from ``first`` on is done.
+    """
+    start = next((i for i, s in enumerate(steps) if s.number == first), 0)
+    for step in steps[start:]:
         _announce(out, step)
         result = run_step(step, folder, check_seconds=check_seconds)
         if result.status != "done":
@@ -380,10 +501,12 @@ def run_until_pending(steps: list[Step], folder: Path, out=None, check_seconds: 
 # --------------------------------------------------------------------------- output
 
 class Out:
-    """Prints with rich when it is installed (colour, wrapping), plain text otherwise."""
+    """Prints with rich when it is installed (colour, wrapping), plain text otherwise; one line at a time
+    from any thread, each flushed at once (a learner waits on the first)."""
 
     def __init__(self, console=None):
         self.console = console
+        self._lock = threading.Lock()
         if console is None:
             try:
                 from rich.console import Console
@@ -394,66 +517,102 @@ class Out:
     def line(self, *parts) -> None:
         """Print one line made of ``(text, style)`` parts or plain strings (text is never read as markup)."""
         parts = [p if isinstance(p, tuple) else (p, "") for p in parts]
-        if self.console is None:
-            print("".join(text for text, _ in parts))
-            return
-        from rich.text import Text
-        line = Text()
-        for text, style in parts:
-            line.append(text, style=style or None)
-        self.console.print(line)
+        with self._lock:
+            if self.console is None:
+                print("".join(text for text, _ in parts), flush=True)
+                return
+            from rich.text import Text
+            line = Text()
+            for text, style in parts:
+                line.append(text, style=style or None)
+            self.console.print(line)
+
+    def last(self, text: str) -> None:
+        """Print ``text`` as the last line, after Ctrl-C: straight to the output file, past rich's buffer
+        (the interruption may have landed inside a print, between rich's write and the emptying of its buffer)."""
+        stream = self.console.file if self.console is not None else sys.stdout
+        stream.write(text + "\n")
+        stream.flush()
 
     def clear(self) -> None:
+        """Clear the terminal (nothing when the output is not one)."""
         if self.console is not None and self.console.is_terminal:
             self.console.clear()
 
 
-def render(results: list[Result], folder: Path, out: Out, prog: str) -> None:
-    """Every step as done or pending, then the current step's goal and first failure."""
+def render_current(result: Result, out: Out) -> None:
+    """The current step's goal and first failing check, in plain words (printed as soon as it is known)."""
+    step = result.step
+    out.line(("✘ ", "red"), (f"Step {step.number}: {step.title}", "bold"))
+    out.line(("Goal: ", "bold"), step.goal)
+    if step.fills:
+        out.line(("Fills: ", "bold"), step.fills)
+    out.line(("First failing check: ", "bold"), result.check or "(none ran)")
+    for text in result.failure.splitlines() or ["(no message)"]:
+        out.line(("  ", ""), (text, "red"))
+    out.line("")
+
+
+def _numbers(results: list[Result]) -> str:
+    return f"step{'s' if len(results) > 1 else ''} {', '.join(str(r.step.number) for r in results)}"
+
+
+def render(results: list[Result], folder: Path, out: Out, prog: str, shown: int | None = None) -> None:
+    """Every step as done or pending, then the current step's goal and first failure.
+
+    ``shown`` is the step whose failure was printed already, as soon as it was
+    known (``render_current``): when it is still the current step, its
+    failure is not printed again.
+    """
     impl = os.environ.get(IMPL_ENV)
     out.line(("GQA over a preallocated KV cache: your progress", "bold"), f"  ({folder})")
     if impl:
         out.line(f"checking the code in {impl} (${IMPL_ENV})")
     out.line("")
     current = next((r for r in results if r.status != "done"), None)
+    by_number = {r.step.number: r for r in results}
     for r in results:
         mark, style = ("✔", "green") if r.status == "done" else ("✘" if r is current else "·", "red" if r is current else "dim")
         count = f"{r.passed} check{'s' if r.passed != 1 else ''}" if r.status == "done" else ""
+        note = f"waits for step {r.waits_for}" if r.waits_for is not None and r is not current else ""
         out.line((f" {mark} ", style), (f"step {r.step.number}  ", "bold" if r is current else ""),
                  (f"{r.step.title:<44}", ""), (f"{r.status:<8}", style), (f" {count}" if count else "", "dim"),
-                 ("   <- you are here" if r is current else "", "bold yellow"))
-    stopped = [r for r in results if r.stopped and r is not current]
-    stuck = next((r for r in results if r.stuck), None)
-    if stopped and stuck is not None:
-        numbers = ", ".join(str(r.step.number) for r in stopped)
-        out.line((f"   (step{'s' if len(stopped) > 1 else ''} {numbers} stopped early: step {stuck.step.number} got stuck "
-                  f"first; they run again once it returns)", "dim"))
+                 (f" {note}" if note else "", "dim"), ("   <- you are here" if r is current else "", "bold yellow"))
+    waiting: dict[int, list[Result]] = {}
+    for r in results:
+        if r.waits_for is not None and r is not current:
+            waiting.setdefault(r.waits_for, []).append(r)
+    for number, held in waiting.items():
+        blocker = by_number.get(number)
+        if blocker is not None and blocker.stuck:
+            out.line((f"   ({_numbers(held)} stopped early: step {number} got stuck first; they run again once it "
+                      f"returns)", "dim"))
+        else:
+            out.line((f"   ({_numbers(held)} build{'s' if len(held) == 1 else ''} on step {number}: "
+                      f"{'they run' if len(held) > 1 else 'it runs'} once it passes)", "dim"))
     out.line("")
     done = sum(r.status == "done" for r in results)
     if current is None:
         out.line((f"All {len(results)} steps done.", "bold green"))
     # Step 7's kill matrix, read back from its report, as soon as step 7 has run (the steps before it may not
     # be done: the port of step 6 is optional for a take-home).
-    matrix = next((r.properties.get("kill_matrix") for r in results if r.properties.get("kill_matrix")), None)
-    if matrix:
-        try:
-            rows = json.loads(matrix)
-            caught = [name for name, outcome in rows.items() if name != "your kv_cache.py" and outcome == "fail"]
-            missed = [name for name, outcome in rows.items() if name != "your kv_cache.py" and outcome != "fail"]
-            out.line(f"Your own tests caught {len(caught)} of {len(caught) + len(missed)} planted mistakes"
-                     + (f"; they miss: {', '.join(missed)}." if missed else "."))
-        except (ValueError, AttributeError):
-            pass
+    for r in results:
+        matrix = r.properties.get("kill_matrix")
+        if matrix:
+            render_kill_matrix(matrix, r.step, out)
+            break
     if current is None:
         return
     step = current.step
-    out.line((f"Step {step.number}: {step.title}", "bold"), f"   ({done} of {len(results)} steps done)")
-    out.line(("Goal: ", "bold"), step.goal)
-    if step.fills:
-        out.line(("Fills: ", "bold"), step.fills)
-    out.line(("First failing check: ", "bold"), current.check or "(none ran)")
-    for text in current.failure.splitlines() or ["(no message)"]:
-        out.line(("  ", ""), (text, "red"))
+    out.line((f"Step {step.number}: {step.title}", "bold"), f"   ({done} of {len(results)} steps done)"
+             + (": its first failing check is above." if shown == step.number else ""))
+    if shown != step.number:
+        out.line(("Goal: ", "bold"), step.goal)
+        if step.fills:
+            out.line(("Fills: ", "bold"), step.fills)
+        out.line(("First failing check: ", "bold"), current.check or "(none ran)")
+        for text in current.failure.splitlines() or ["(no message)"]:
+            out.line(("  ", ""), (text, "red"))
     out.line("")
     hint_cmd = "python progress.py hint" if "progress.py" in prog else "kvkit hint"
     if " --dir " in prog:
@@ -461,6 +620,25 @@ def render(results: list[Result], folder: Path, out: Out, prog: str) -> None:
     stuck = (f" Stuck? `{hint_cmd}` ({len(step.hints)} hint{'s' if len(step.hints) != 1 else ''} for this step, "
              f"one at a time)." if step.hints else "")
     out.line(f"Fix it and save; `{prog} --watch` reruns on every save.{stuck}")
+
+
+def render_kill_matrix(matrix: str, step: Step, out: Out) -> None:
+    """Step 7's kill matrix in one line, and for each planted mistake the tests missed, how a test could catch it.
+
+    ``matrix`` is the JSON step 7 records (``{variant: "pass" | "fail" | ...}``);
+    the ways to catch each mistake are the step's ``missed`` table in steps.toml.
+    """
+    try:
+        rows = json.loads(matrix)
+        caught = [name for name, outcome in rows.items() if name != "your kv_cache.py" and outcome == "fail"]
+        missed = [name for name, outcome in rows.items() if name != "your kv_cache.py" and outcome != "fail"]
+    except (ValueError, AttributeError):
+        return
+    out.line(f"Your own tests caught {len(caught)} of {len(caught) + len(missed)} planted mistakes"
+             + (f"; they miss: {', '.join(missed)}." if missed else "."))
+    for name in missed:
+        if step.missed.get(name):
+            out.line(("  ", ""), (f"{name}: ", "bold"), step.missed[name])
 
 
 # --------------------------------------------------------------------------- commands
@@ -482,7 +660,8 @@ def _mtimes(folder: Path) -> dict:
 
 
 def progress_main(argv: list[str] | None = None, console=None, prog: str = "kvkit progress") -> int:
-    """``kvkit progress [--dir DIR] [--watch]``: exit 0 when every step passes, 1 when not, 2 on a usage error."""
+    """``kvkit progress [--dir DIR] [--watch]``: exit 0 when every step passes, 1 when not, 2 on a usage error,
+    130 after Ctrl-C (one line, in --watch too)."""
     parser = argparse.ArgumentParser(prog=prog, description="Show every step of the exercises as done or pending.")
     parser.add_argument("--dir", help="the exercises directory (default: ./exercises, or . when it holds steps.toml)")
     parser.add_argument("--watch", action="store_true", help="rerun whenever a file is saved (Ctrl-C to stop)")
@@ -500,37 +679,97 @@ def progress_main(argv: list[str] | None = None, console=None, prog: str = "kvki
     except UsageError as exc:
         out.line((f"{prog}: {exc}", "red"))
         return 2
+    prog_shown = f"{prog} --dir {args.dir}" if args.dir else prog  # the commands it suggests act on that folder
     runs = 0
-    code = 1
     try:
         while True:
             before = _mtimes(folder)
-            results = run_all(steps, folder, args.jobs, out=out, check_seconds=args.timeout)
-            runs += 1
+            saved = threading.Event()
+            finished = threading.Event()
             if args.watch:
+                def watch_saves() -> None:
+                    while not finished.wait(args.interval):
+                        if _mtimes(folder) != before:
+                            saved.set()
+                            return
+                threading.Thread(target=watch_saves, daemon=True).start()
+            shown: list[int] = []
+
+            def show(result: Result) -> None:
+                shown.append(result.step.number)
+                render_current(result, out)
+
+            try:
+                results = run_all(steps, folder, args.jobs, out=out, check_seconds=args.timeout,
+                                  first=_remembered(folder), stop=lambda: "a file was saved" if saved.is_set() else "",
+                                  on_current=show)
+            finally:
+                finished.set()
+            if saved.is_set():  # a save mid-run: start again at once, on the new code
+                time.sleep(min(args.interval, 0.2))  # let the editor finish writing
                 out.clear()
-            # The commands it suggests name the folder when it was given (else they would run the default one).
-            render(results, folder, out, f"{prog} --dir {args.dir}" if args.dir else prog)
-            code = 0 if all(r.status == "done" for r in results) else 1
+                out.line(("a file was saved: running again ...", "dim"))
+                continue
+            runs += 1
+            current = next((r for r in results if r.status != "done"), None)
+            _remember(folder, current.step.number if current is not None else None)
+            render(results, folder, out, prog_shown, shown=shown[0] if shown else None)
+            code = 0 if current is None else 1
             if not args.watch or (args.max_runs is not None and runs >= args.max_runs):
                 return code
             out.line(("watching for changes (Ctrl-C to stop)...", "dim"))
             while _mtimes(folder) == before:
                 time.sleep(args.interval)
             time.sleep(min(args.interval, 0.2))  # let the editor finish writing
+            out.clear()
     except KeyboardInterrupt:
-        return code
+        out.last(f"{prog}: stopped (Ctrl-C).")
+        return INTERRUPTED
 
 
 def _load_state(folder: Path) -> dict:
     try:
-        return json.loads((folder / HINTS_STATE).read_text())
+        state = json.loads((folder / HINTS_STATE).read_text())
+        return state if isinstance(state, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
+def _save_state(folder: Path, state: dict) -> None:
+    """Write the state file whole (a file renamed into place: a hint and a --watch may write it at once)."""
+    path = folder / HINTS_STATE
+    try:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _remembered(folder: Path) -> int | None:
+    """The step the last run in ``folder`` stopped at (None: none remembered, or it checked other code)."""
+    state = _load_state(folder)
+    if state.get("impl", "") != os.environ.get(IMPL_ENV, ""):
+        return None
+    value = state.get(CURRENT_KEY)
+    return value if isinstance(value, int) else None
+
+
+def _remember(folder: Path, number: int | None) -> None:
+    """Remember the current step (None: every step done), so that the next run starts with it."""
+    state = _load_state(folder)
+    if state.get(CURRENT_KEY) == number and state.get("impl", "") == os.environ.get(IMPL_ENV, ""):
+        return
+    state[CURRENT_KEY] = number
+    state["impl"] = os.environ.get(IMPL_ENV, "")
+    _save_state(folder, state)
+
+
 def hint_main(argv: list[str] | None = None, console=None, prog: str = "kvkit hint") -> int:
-    """``kvkit hint [--dir DIR] [--step N] [--reset]``: the next hint for the current step (exit 0; 2 on a usage error)."""
+    """``kvkit hint [--dir DIR] [--step N] [--reset]``: the next hint for the current step.
+
+    Exit 0; 2 on a usage error; 130 after Ctrl-C.
+    """
     parser = argparse.ArgumentParser(prog=prog, description="Show the next hint for the current step, one at a time.")
     parser.add_argument("--dir", help="the exercises directory (default: ./exercises, or . when it holds steps.toml)")
     parser.add_argument("--step", type=int, help="hints for this step instead of the current one")
@@ -545,9 +784,8 @@ def hint_main(argv: list[str] | None = None, console=None, prog: str = "kvkit hi
     except UsageError as exc:
         out.line((f"{prog}: {exc}", "red"))
         return 2
-    state_path = folder / HINTS_STATE
     if args.reset:
-        state_path.unlink(missing_ok=True)
+        _save_state(folder, {k: v for k, v in _load_state(folder).items() if not k.isdigit()})
         out.line("Hints start from the first again.")
         return 0
     if args.step is not None:
@@ -556,7 +794,12 @@ def hint_main(argv: list[str] | None = None, console=None, prog: str = "kvkit hi
             out.line((f"{prog}: there is no step {args.step} (steps: {', '.join(str(s.number) for s in steps)})", "red"))
             return 2
     else:
-        pending = run_until_pending(steps, folder, out, check_seconds=args.timeout)
+        try:
+            pending = run_until_pending(steps, folder, out, check_seconds=args.timeout, first=_remembered(folder))
+        except KeyboardInterrupt:
+            out.last(f"{prog}: stopped (Ctrl-C).")
+            return INTERRUPTED
+        _remember(folder, pending.step.number if pending is not None else None)
         if pending is None:
             out.line(("Every step is done: no hint needed.", "green"))
             return 0
@@ -576,10 +819,7 @@ def hint_main(argv: list[str] | None = None, console=None, prog: str = "kvkit hi
         return 0
     out.line((f"Hint {shown + 1} of {len(step.hints)}: ", "bold yellow"), step.hints[shown])
     state[str(step.number)] = shown + 1
-    try:
-        state_path.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
-    except OSError:
-        pass
+    _save_state(folder, state)
     if shown + 1 < len(step.hints):
         out.line(("Run it again for the next one.", "dim"))
     return 0

@@ -177,15 +177,22 @@ def requirements() -> str:
     return "\n".join(lines) + "\n"
 
 
+# The keys of a step in steps.toml that come close to the answers: left out of a candidate's bundle.
+HINT_KEYS = ("hints", "missed")
+
+
 def steps_without_hints(text: str) -> str:
-    """steps.toml with every step's hints emptied (the rest as it was)."""
+    """steps.toml with every step's hints emptied and step 7's ways to catch each mistake left out (the rest as it was)."""
     data = tomllib.loads(text)
-    out = ["# The learner's path: step order, goals and test files (hints left out of this bundle).", ""]
+    out = ["# The learner's path: step order, goals, the steps each builds on and test files",
+           "# (hints left out of this bundle).", ""]
     for step in data.get("step", []):
         out.append("[[step]]")
         for key, value in step.items():
             if key == "hints":
                 value = []
+            elif key in HINT_KEYS:
+                continue
             out.append(f"{key} = {_toml_value(value)}")
         out.append("")
     return "\n".join(out)

@@ -14,6 +14,7 @@ import io
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -234,7 +235,7 @@ def test_an_endless_loop_is_named_with_its_function_and_line_in_bounded_time(tmp
     elapsed = time.monotonic() - start
     out = text_of(c)
     assert code == 1
-    assert elapsed < 60, f"took {elapsed:.0f} s"  # about 4 s here: step 1, then step 2's first check, 1 s
+    assert elapsed < 60, f"took {elapsed:.0f} s"  # about 6 s here: step 1, then step 2's first check, 1 s, and step 6
     assert "running step 1: A cache allocated once" in out and "running step 2: GQA heads" in out, out
     assert out.index("running step 2") < out.index("your progress")
     assert "<- you are here" in next(row for row in out.splitlines() if "step 2  " in row)
@@ -243,6 +244,11 @@ def test_an_endless_loop_is_named_with_its_function_and_line_in_bounded_time(tmp
     assert "B=1" in failure[1] and int(failure[2]) in (line + 1, line + 2), (failure[0], line)  # the loop
     assert "an endless loop?" in out and "--timeout" in out
     assert "got stuck first" in out  # the steps after it were not left running into the same loop
+    rows = {n: next(row for row in out.splitlines() if f"step {n}  " in row) for n in range(1, 8)}
+    for n in (3, 4, 7):  # they build on step 2: not started, or stopped
+        assert "pending" in rows[n] and "waits for step 2" in rows[n], rows[n]
+    for n in (1, 5, 6):  # the cost model and the port do not need the attention: they ran to the end
+        assert "done" in rows[n], rows[n]
 
 
 @pytest.mark.slow  # it spends a check's time and the backstop's grace spinning: make test-slow (CI runs it)
@@ -267,3 +273,188 @@ def test_a_loop_that_swallows_the_interruption_is_ended_and_named_by_the_standal
     assert re.search(rf"step 2: gqa_attention did not return within 1 s on .+ \(kv_cache\.py line "
                      rf"({line}|{line + 1}|{line + 2}|{line + 3}|{line + 4})\b", out), out  # in the loop
     assert "did not stop when interrupted" in out
+
+
+# --------------------------------------------------------------------------- at the speed of a save
+
+def write_chain(folder: Path, tests: dict, needs: dict) -> Path:
+    """An exercises directory with one step per entry of ``tests`` (``{number: test file body}``) and ``needs``."""
+    (folder / "tests").mkdir(parents=True)
+    toml = []
+    for number, body in tests.items():
+        (folder / "tests" / f"test_s{number}.py").write_text(body)
+        toml.append(f'[[step]]\nnumber = {number}\ntitle = "Step number {number}"\ngoal = "Goal {number}."\n'
+                    f'needs = {needs.get(number, [])}\ntests = ["tests/test_s{number}.py"]\n'
+                    f'hints = ["hint {number}"]\n')
+    (folder / "steps.toml").write_text("\n".join(toml))
+    return folder
+
+
+PASSES = "def test_fine():\n    pass\n"
+FAILS = ("import pytest\n\n\ndef test_it():\n"
+         "    pytest.fail('step {n}: the plain-words failure of step {n}', pytrace=False)\n")
+
+
+def test_the_current_step_runs_first_alone_and_its_failure_is_shown_before_the_other_steps_run(tmp_path):
+    folder = write_chain(tmp_path / "ex", {1: PASSES, 2: FAILS.format(n=2), 3: PASSES, 4: PASSES},
+                         needs={2: [1], 3: [2]})
+    c = console()
+    assert progress.progress_main(["--dir", str(folder)], console=c) == 1  # no step remembered: step 1 first
+    first = text_of(c)
+    assert first.index("running step 1") < first.index("running step 2")
+    assert "running step 3" not in first  # it builds on step 2, which failed
+    assert "waits for step 2" in next(line for line in first.splitlines() if "step 3  " in line)
+    assert "(step 3 builds on step 2: it runs once it passes)" in first
+    assert "done" in next(line for line in first.splitlines() if "step 4  " in line)  # needs nothing: it ran
+    c = console()
+    assert progress.progress_main(["--dir", str(folder)], console=c) == 1
+    out = text_of(c)
+    lines = [line for line in out.splitlines() if line.strip()]
+    # The remembered current step runs first, and its failure is printed before any other step starts.
+    assert lines[0].startswith("running step 2"), out
+    block = out.index("✘ Step 2: Step number 2")
+    assert block < out.index("running step 1") and block < out.index("running step 4") < out.index("your progress")
+    assert out.index("First failing check: test_s2.py::test_it") < out.index("running step 1")
+    assert out.count("the plain-words failure of step 2") == 1  # not repeated under the board
+    assert "Step 2: Step number 2   (2 of 4 steps done): its first failing check is above." in out
+    assert "running step 3" not in out
+
+
+def test_the_current_step_is_remembered_per_folder_and_for_the_hint(tmp_path):
+    folder = write_chain(tmp_path / "ex", {1: PASSES, 2: PASSES, 3: FAILS.format(n=3)}, needs={2: [1], 3: [2]})
+    assert progress.progress_main(["--dir", str(folder)], console=console()) == 1
+    assert progress._remembered(folder) == 3
+    c = console()
+    assert progress.hint_main(["--dir", str(folder)], console=c) == 0
+    out = text_of(c)
+    assert "Hint 1 of 1: hint 3" in out and "running step 1" not in out and "running step 3" in out
+    assert progress.hint_main(["--dir", str(folder), "--reset"], console=console()) == 0
+    assert progress._remembered(folder) == 3  # --reset forgets the hints shown, not the current step
+    (folder / "tests" / "test_s3.py").write_text(PASSES)
+    assert progress.progress_main(["--dir", str(folder)], console=console()) == 0
+    assert progress._remembered(folder) is None
+
+
+def test_a_step_that_broke_again_becomes_the_current_one(tmp_path):
+    """The steps before the remembered one run again after it: a change may have broken one."""
+    folder = write_chain(tmp_path / "ex", {1: PASSES, 2: PASSES, 3: FAILS.format(n=3)}, needs={2: [1], 3: [2]})
+    progress._remember(folder, 3)
+    (folder / "tests" / "test_s1.py").write_text(FAILS.format(n=1))
+    c = console()
+    assert progress.progress_main(["--dir", str(folder)], console=c) == 1
+    out = text_of(c)
+    assert "<- you are here" in next(line for line in out.splitlines() if "step 1  " in line), out
+    assert out.count("the plain-words failure of step 1") == 1  # printed once, under the board
+    assert re.search(r"Step 1: Step number 1   \([01] of 3 steps done\)\n", out), out  # step 2 may be stopped
+    assert out.index("✘ Step 3") < out.index("running step 1")  # the remembered step's failure came first
+    assert "waits for step 1" in next(line for line in out.splitlines() if "step 3  " in line)
+    assert progress._remembered(folder) == 1
+
+
+def test_load_steps_refuses_a_need_that_does_not_come_before(tmp_path):
+    folder = write_chain(tmp_path / "ex", {1: PASSES, 2: PASSES}, needs={1: [2]})
+    with pytest.raises(progress.UsageError, match="needs step"):
+        progress.load_steps(folder)
+
+
+def test_the_kits_steps_need_what_they_build_on():
+    steps = progress.load_steps(EXERCISES)
+    needs = progress.all_needs(steps)
+    assert needs[7] == {1, 2, 3, 4} and needs[4] == {1, 2, 3}
+    assert needs[5] == set() and needs[6] == set()  # the cost model and the port do not need the attention
+
+
+def test_ctrl_c_in_watch_exits_130_with_one_line(tmp_path):
+    folder = write_chain(tmp_path / "ex", {1: PASSES, 2: FAILS.format(n=2)}, needs={2: [1]})
+    script = shutil.copy(progress.__file__, folder / "progress.py")
+    env = {k: v for k, v in os.environ.items() if k != "KVKIT_IMPL"}
+    proc = subprocess.Popen([sys.executable, "-u", script, "--watch"], cwd=folder, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "watching for changes" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, (seen, rest, err)
+    assert rest.splitlines() == ["python progress.py: stopped (Ctrl-C)."] and err == "", (rest, err)
+
+
+def test_ctrl_c_while_a_step_runs_exits_130_with_one_line_and_ends_its_processes(tmp_path):
+    pid_file = tmp_path / "pid"
+    slow = f"import os, time\n\n\ndef test_slow():\n    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n" \
+           f"    time.sleep(60)\n"
+    folder = write_chain(tmp_path / "ex", {1: slow}, needs={})
+    env = {k: v for k, v in os.environ.items() if k != "KVKIT_IMPL"}
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "kvkit.cli", "progress", "--dir", str(folder), "--watch"],
+                            cwd=KIT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid_file.exists()
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and time.monotonic() - start < 10, (out, err)
+    assert out.splitlines()[-1] == "kvkit progress: stopped (Ctrl-C)." and err == "", (out, err)
+    assert [line for line in out.splitlines() if line.strip()][:-1] == [
+        "running step 1: Step number 1 ..."], out  # nothing but that one line after the step's start
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the step's pytest ({pid}) still runs after Ctrl-C")
+
+
+def test_watch_starts_again_when_a_file_is_saved_mid_run(tmp_path):
+    flag = tmp_path / "fast"
+    slow = (f"import os, time\n\n\ndef test_slow():\n    end = time.monotonic() + 60\n"
+            f"    while not os.path.exists({str(flag)!r}) and time.monotonic() < end:\n        time.sleep(0.05)\n")
+    folder = write_chain(tmp_path / "ex", {1: slow}, needs={})
+    c = console()
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", progress.progress_main(
+        ["--dir", str(folder), "--watch", "--max-runs", "1", "--interval", "0.05"], console=c)))
+    start = time.monotonic()
+    thread.start()
+    deadline = time.monotonic() + 30
+    while "running step 1" not in text_of(c) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    flag.write_text("")  # the rerun's test returns at once; the first run's would wait for this only
+    later = time.time() + 5
+    (folder / "tests" / "test_s1.py").write_text(slow + "\n")
+    os.utime(folder / "tests" / "test_s1.py", (later, later))
+    thread.join(timeout=60)
+    assert not thread.is_alive() and result["code"] == 0
+    out = text_of(c)
+    assert "a file was saved: running again" in out and out.count("running step 1") == 2, out
+    assert out.count("your progress") == 1 and time.monotonic() - start < 30
+
+
+def test_every_planted_mistake_has_a_way_to_catch_it_shown_when_missed(tmp_path):
+    from catalogue.mutants import PLANTED
+
+    steps = progress.load_steps(EXERCISES)
+    own = next(s for s in steps if s.number == 7)
+    assert set(own.missed) == set(PLANTED), set(PLANTED) ^ set(own.missed)
+    assert all(len(text) > 40 for text in own.missed.values())
+    assert "is k_before" in own.missed["concat_growth"]
+    import json
+
+    matrix = {"your kv_cache.py": "pass", "chunk_local_mask": "fail", "concat_growth": "pass",
+              "missing_scale": "fail"}
+    results = [progress.Result(step, "done", passed=1) for step in steps]
+    results[6].properties = {"kill_matrix": json.dumps(matrix)}
+    c = console()
+    progress.render(results, tmp_path, progress.Out(c), "kvkit progress")
+    out = text_of(c)
+    assert "Your own tests caught 2 of 3 planted mistakes; they miss: concat_growth." in out
+    assert f"  concat_growth: {own.missed['concat_growth']}" in out
+    assert "missing_scale:" not in out  # caught: no advice

@@ -166,8 +166,8 @@ def test_hints_only_when_asked(tmp_path, bare_python):
     bare = tmp_path / "bare"
     assert starter.main([str(bare)]) == 0
     plain = tomllib.loads((bare / "steps.toml").read_text())["step"]
-    assert [{k: v for k, v in s.items() if k != "hints"} for s in plain] == \
-        [{k: v for k, v in s.items() if k != "hints"} for s in steps]
+    assert [{k: v for k, v in s.items() if k not in starter.HINT_KEYS} for s in plain] == \
+        [{k: v for k, v in s.items() if k not in starter.HINT_KEYS} for s in steps]
 
 
 def test_it_refuses_a_non_empty_directory_and_filled_stubs(tmp_path, capsys):
@@ -249,3 +249,23 @@ def test_an_edited_step_test_is_still_the_kits_and_set_aside(tmp_path):
     kept, aside = set_aside_bundle(str(tmp_path), ["kv_cache.py", "test_mine.py", "tests/test_step3_mask.py"])
     assert kept == ["kv_cache.py", "test_mine.py"] and aside == ["tests/test_step3_mask.py (edited)"]
     assert not (tmp_path / "tests" / "test_step3_mask.py").exists()
+
+
+def test_nothing_in_the_bundle_speaks_the_hiring_language(tmp_path):
+    """No tier name of any audience in grader/rubric.toml, and no "top verdict", in any file of either bundle."""
+    import re
+
+    audiences = tomllib.loads((KIT / "grader" / "rubric.toml").read_text())["audiences"]
+    words = sorted({name for names in audiences.values() for name in names} | {"top verdict"})
+    assert {"Weak", "Hire", "Strong Hire", "Needs work", "Exceeds expectations"} <= set(words), words
+    pattern = re.compile(r"(?<![A-Za-z])(" + "|".join(re.escape(w) for w in words) + r")(?![A-Za-z])", re.IGNORECASE)
+    for hints in (False, True):
+        out = tmp_path / f"bundle-{hints}"
+        starter.build(out, hints=hints)
+        found = []
+        for path in sorted(out.rglob("*")):
+            if path.is_file():
+                for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+                    found += [f"{path.relative_to(out)}:{number}: {m[0]!r} in {line.strip()!r}"
+                              for m in pattern.finditer(line)]
+        assert not found, "\n".join(found)

@@ -178,6 +178,7 @@ def test_the_reference_passes_every_step_and_progress_says_all_done(tmp_path):
     from catalogue.mutants import PLANTED as planted
     matrix = json.loads(results[-1].properties["kill_matrix"])
     assert matrix["your kv_cache.py"] == "pass" and matrix["chunk_local_mask"] == "fail"
+    assert matrix["concat_growth"] == "fail"  # GOOD_TEST_MINE checks `cache.k is buffer` after each append
     assert set(planted) <= set(matrix)
     out = rendered(results, folder, "kvkit progress")
     assert "All 7 steps done." in out and "pending" not in out
@@ -200,11 +201,17 @@ def test_the_kill_matrix_shows_once_step_7_is_done_even_with_step_6_pending(tmp_
 def test_the_stubs_fail_every_step_naming_it_and_progress_points_at_step_1(tmp_path):
     """A fresh copy of exercises/: every step pending, its first failure naming the step; step 1 is current."""
     folder = fresh_copy(tmp_path / "exercises")
-    results = progress.run_all(STEPS, folder, jobs=1)
-    for step, result in zip(STEPS, results):
+    for step in STEPS:  # each step on its own, as `python -m pytest tests/test_stepN_*.py` runs it
+        result = progress.run_step(step, folder)
         assert result.status == "pending", f"step {step.number} passed on the stubs"
         assert result.failure.startswith(f"step {step.number}:"), result.failure
         assert "not written yet" in result.failure or "NotImplementedError" in result.failure, result.failure
+    # What progress runs: step 1, then only the steps that do not build on it (the cost model, the port).
+    results = progress.run_all(STEPS, folder, jobs=1)
+    ran = {r.step.number for r in results if not r.stopped}
+    assert ran == {1, 5, 6}, [(r.step.number, r.failure) for r in results]
+    assert all(r.waits_for == 1 for r in results if r.step.number not in ran)
+    assert "not written yet" in results[0].failure
     out = rendered(results, folder, f"kvkit progress --dir {folder}")
     lines = out.splitlines()
     for step in STEPS:
@@ -383,3 +390,21 @@ def test_a_syntax_error_is_reported_plainly(tmp_path):
     (tmp_path / "kv_cache.py").write_text("class KVCache:\n    def __init__(self\n")
     failure = run(1, tmp_path).failure
     assert failure.startswith("step 1: importing") and "SyntaxError" in failure, failure
+
+
+def test_tests_that_miss_concat_growth_get_the_way_to_catch_it(tmp_path):
+    """Step 7 passes with tests that never check the buffers stay the same objects; progress names
+    concat_growth among the misses with the steps.toml advice (keep cache.k before an append, check `is` after)."""
+    mine = GOOD_TEST_MINE.replace("        assert cache.k is buffer\n", "")
+    assert mine != GOOD_TEST_MINE
+    result = run(7, filled_dir(tmp_path, mine))
+    assert result.status == "done", result.failure
+    import json
+
+    matrix = json.loads(result.properties["kill_matrix"])
+    assert matrix["concat_growth"] == "pass", matrix  # missed
+    results = [progress.Result(step, "done", passed=1) for step in STEPS]
+    results[-1] = result
+    out = rendered(results, tmp_path, "kvkit progress")
+    assert "they miss: " in out and "concat_growth" in out.split("they miss: ")[1].splitlines()[0], out
+    assert f"  concat_growth: {BY_NUMBER[7].missed['concat_growth']}" in out
