@@ -165,13 +165,34 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def probe_failure(task, built, check_output: bool = True) -> str:
+def _refusal(record) -> bool:
+    err = record.get("error") or {} if isinstance(record, dict) else {}
+    return bool(err.get("value_error")) or err.get("type") == "NotImplementedError"
+
+
+def refused_steps(task) -> set:
+    """``(trial, step)`` of a probe's calls that raised a clear error (ValueError, TypeError or
+    NotImplementedError): a refusal of that kind of call, or the steps after it in its trial (never run)."""
+    answer = task.answer if task is not None and isinstance(task.answer, dict) else {}
+    out = set()
+    for t, records in enumerate(answer.get("records") or []):
+        if not isinstance(records, list):
+            continue
+        for s, record in enumerate(records):
+            if isinstance(record, dict) and record.get("error") and _refusal(record):
+                out.update((t, i) for i in range(s, s + 64))
+    return out
+
+
+def probe_failure(task, built, check_output: bool = True, refused: bool = False) -> str:
     """Why a probe task gives no figure to decide on ("" when it ran, made every mark its calls call for,
     and its outputs are right).
 
     ``built`` is the probe's ``grader.probes.Built`` (its marks and expected outputs). ``check_output`` is
     off when decode is wrong on the hidden trials too: a wrong probe output is then that same mistake, not
     a "measurement mode", and the figure stands. The stored keys of an append-only probe are always checked.
+    ``refused``: the submission refuses chunked prefill with a clear error, so a probe's call of that kind
+    may raise too; the other calls still count (the refusal is charged once, in its own criterion).
     """
     if task is None:
         return "the probe did not run (the session ended before it)"
@@ -187,21 +208,22 @@ def probe_failure(task, built, check_output: bool = True) -> str:
         return f"failed to import: {err.get('type')}: {err.get('message')}"
     records = [r for trial in answer.get("records") or [] if isinstance(trial, list) for r in trial] \
         if isinstance(answer.get("records"), list) else []
-    failed = next((r for r in records if isinstance(r, dict) and r.get("stage") in ("init", "append", "attention")),
-                  None)
+    failed = next((r for r in records if isinstance(r, dict) and r.get("stage") in ("init", "append", "attention")
+                   and not (refused and r.get("stage") != "init" and _refusal(r))), None)
     if failed is not None:
         err = failed.get("error") or {}
         return f"raised {err.get('type')} in {failed.get('stage')}: {err.get('message')}"
     if len(task.points) != len(built.marks) + 3:  # after the import, one per call boundary, after the calls, the end
         return (f"its measurement marks did not follow its calls ({max(len(task.points) - 1, 0)} marks where "
                 f"{len(built.marks) + 2} were due)")
+    if (not check_output or refused_steps(task)) and not any(isinstance(r, dict) and r.get("stage") == "tail"
+                                                            for r in records):
+        return ""  # a refused call returns no output: the others' are not where the expected ones say
     got = np.frombuffer(task.blob, dtype="<f8") if len(task.blob) % 8 == 0 else np.zeros(0)
     want = np.asarray(built.expected).ravel()
     if got.size < want.size:
         return f"returned {got.size} values for an output of {want.size}"
     got = got[got.size - want.size:]  # the last outputs: the measured calls', or the stored keys
-    if not check_output and not any(isinstance(r, dict) and r.get("stage") == "tail" for r in records):
-        return ""
     err = float(np.max(np.abs(got - want))) if want.size else 0.0
     if not np.isfinite(err) or err > PROBE_TOLERANCE:
         return f"its output at this size does not match the reference (max error {err:.1e})"
@@ -213,8 +235,11 @@ def _layout(config: dict) -> str:
             + (f" ({config['layout']})" if config.get("layout") else ""))
 
 
-# The attention calls of a memory probe, by the index of the part (between two marks) each is alone in.
+# The attention calls of a memory probe, by the index of the part (between two marks) each is alone in, and
+# by (trial, step) in its records. Parts 2 to 5 are the long row's: its making, prefill and calls.
 MEMORY_CALLS = {"full prefill": 1, "decode": 3, "chunked prefill": 5}
+MEMORY_STEPS = {"full prefill": (0, 0), "decode": (1, 1), "chunked prefill": (1, 2)}
+ROW_PARTS = (2, 3, 4, 5)
 
 
 def _call_live(config: dict, call: str) -> int:
@@ -227,21 +252,27 @@ def _call_live(config: dict, call: str) -> int:
 
 
 def _call_extra(task, call: str):
-    """What one attention call added to the memory in use when it began (bytes), or None where unknown."""
+    """What one attention call added to the memory in use when it began (bytes), or None where unknown
+    (no figure per part, or the call was refused)."""
     parts = task.segments()
     part = parts[MEMORY_CALLS[call]] if len(parts) > MEMORY_CALLS[call] else None
-    if part is None or part["peak"] is None or part["start"] is None:
+    if part is None or part["peak"] is None or part["start"] is None or MEMORY_STEPS[call] in refused_steps(task):
         return None
     return max(part["peak"] - part["start"], 0)
 
 
 def _held(probe, task) -> int:
-    """The process's peak from its import on, above the fresh sandbox (a peak-RSS figure also counts the
-    mapped inputs of the measured row)."""
+    """What the long row's process holds at its peak, from its making on (its cache, what the cache builds,
+    its calls' working memory), above what it held before: bytes. Without figures per part, the process's
+    peak from its import on (a peak-RSS figure also counts the mapped inputs of the row)."""
+    parts = task.segments()
+    if len(parts) > max(ROW_PARTS) and all(parts[i]["peak"] is not None for i in ROW_PARTS) \
+            and parts[ROW_PARTS[0]]["start"] is not None:
+        return max(parts[i]["peak"] for i in ROW_PARTS) - parts[ROW_PARTS[0]]["start"]
     return task.memory_bytes - (probe.input_bytes if task.memory_source == "rss" else 0)
 
 
-def no_repeat(runs: list, check_output: bool = True) -> Criterion:
+def no_repeat(runs: list, check_output: bool = True, refused: bool = False) -> Criterion:
     """Prompt, decode and chunked-prefill attention at drawn real layouts, each beside its twin at G = 1.
 
     ``runs`` holds ``(probe, task, built)`` per memory probe (``grader.probes``). Each attention call is a
@@ -261,10 +292,10 @@ def no_repeat(runs: list, check_output: bool = True) -> Criterion:
         if run is None:
             return Criterion(cid, "error", "a memory probe's twin at G = 1 has no layout beside it")
         for probe, task, built in (run, twin_run):
-            why = probe_failure(task, built, check_output)
+            why = probe_failure(task, built, check_output, refused)
             if why:
                 return Criterion(cid, "error", f"the memory probe at {_layout(probe.config)}: {why}")
-    per_head, held = BOUNDS["repeat_per_head"], []
+    per_head = BOUNDS["repeat_per_head"]
     figures, named, unheld = [], [], []
     meter = "the sandbox's cgroup" if runs[0][1].memory_source == "cgroup" else "the process's peak RSS"
     for (probe, task, _), (twin, twin_task, _) in pairs:
@@ -284,6 +315,7 @@ def no_repeat(runs: list, check_output: bool = True) -> Criterion:
             elif call != "full prefill" and mine / live >= call_held_limit(G):  # a prompt's output alone is G/2
                 unheld.append(f"{call} at {_layout(c)} adds {mine / live:.1f}x the K/V it reads, "
                               f"{call_held_limit(G):.1f}x or more, and its twin at G = 1 about as much")
+        shown += [f"{call} refused" for call in MEMORY_CALLS if MEMORY_STEPS[call] in refused_steps(task)]
         whole = (_held(probe, task) - _held(twin, twin_task)) / (probe.live_bytes * (G - 1))
         if per_head.crossed(whole):
             named.append((whole, f"the decode process at {_layout(c)} peaks {_held(probe, task) / probe.live_bytes:.1f}x "
@@ -293,7 +325,6 @@ def no_repeat(runs: list, check_output: bool = True) -> Criterion:
         if c["Hkv"] == 8 and c["d"] == 128 and total >= task_held_limit(G):
             unheld.append(f"the decode process at {_layout(c)} holds {total:.1f}x the live K/V, "
                           f"{task_held_limit(G):.1f}x or more, and its twin about as much")
-        held.append(total)
         figures.append(f"{_layout(c)}: " + ", ".join(shown or ["no figure per call"]))
     text = "; ".join(figures)
     if named:

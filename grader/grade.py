@@ -147,14 +147,23 @@ def _probe_runs(session, backend: str, plan) -> dict:
     return runs
 
 
-def _measured_criteria(runs: dict, explain: list, decode_ok: bool = True) -> dict:
+def _outputs_right(crits: dict) -> bool:
+    """Whether the hidden trials found the calls the probes make right (decode, full and chunked prefill on
+    rows of one length): where they did not, a wrong probe output is that same mistake, not a measurement mode.
+    A refused chunked prefill leaves the probes' refused calls out instead (``criteria.probe_failure``)."""
+    return all(crits[c].status in ("pass", "not_attempted") for c in ("decode", "full_prefill", "chunked_prefill")
+               if c in crits)
+
+
+def _measured_criteria(runs: dict, explain: list, decode_ok: bool = True, refused: bool = False) -> dict:
     """The criteria decided by the kernel's figures (memory, CPU time), each probe's output checked
-    (unless decode is wrong on the hidden trials too: then a wrong probe output is the same mistake)."""
+    (unless the calls are wrong on the hidden trials too: then a wrong probe output is the same mistake).
+    ``refused``: chunked prefill was refused with a clear error, so the probes' chunks may be too."""
     scan = runs.get("scan", [])
     in_place = criteria_mod.in_place(runs.get("grow", []), explain=explain)
     return {
         "preallocated_in_place": in_place,
-        "no_kv_repeat": criteria_mod.no_repeat(runs.get("memory", []), decode_ok),
+        "no_kv_repeat": criteria_mod.no_repeat(runs.get("memory", []), decode_ok, refused=refused),
         "live_length": criteria_mod.live_length([r for r in scan if r[0].config["reservation"] == "small"],
                                                 [r for r in scan if r[0].config["reservation"] == "large"],
                                                 decode_ok, appends_copy=in_place.status == "fail"),
@@ -191,7 +200,8 @@ def _torch_section(session, plan, expected) -> tuple[criteria_mod.Criterion, dic
         return _port_not_judged(session, plan, f"kv_cache_torch.py: {comparison}")
     crits = _correctness_criteria(comparison, _outputs_by_trial(trials, outputs))
     named, _ = _name_mistakes(crits, comparison, _outputs_by_trial(trials, outputs))
-    measured = _measured_criteria(_probe_runs(session, "torch", plan), [], decode_ok=crits["decode"].status == "pass")
+    measured = _measured_criteria(_probe_runs(session, "torch", plan), [], decode_ok=_outputs_right(crits),
+                                  refused=crits["chunked_prefill"].status == "not_attempted")
     overflow = criteria_mod.overflow_from_trials(comparison, _outputs_by_trial(trials, outputs))
     notes = []
     for crit in [*measured.values(), overflow]:
@@ -486,7 +496,8 @@ def _evaluate(name, options, level, started, plan, sessions, answer, comparison,
     explain = [f"in-process: K/V buffers replaced by new objects in {len({s.trial.name for s in moved})} "
                "hidden trials"] if moved else []
     criteria.update(_measured_criteria(_probe_runs(session, "numpy", plan), explain,
-                                       decode_ok=criteria["decode"].status == "pass"))
+                                       decode_ok=_outputs_right(criteria),
+                                       refused=criteria["chunked_prefill"].status == "not_attempted"))
     criteria["overflow_atomic"] = criteria_mod.overflow_from_trials(comparison, by_trial)
     criteria["cost_model"] = criteria_mod.cost_model(answer.get("cost") if "cost.py" in files else None,
                                                      expected_costs())

@@ -127,7 +127,16 @@ def run_trials(module, trials: list, data, to_backend=None, from_backend=None, m
                 cache.append(k, v, n_new)
             except BaseException as exc:  # noqa: BLE001
                 steps.append({"stage": "append", "error": _error(exc)})
-                break  # the cache no longer matches the history: stop this trial
+                # The cache no longer matches the history: stop this trial, making the marks its steps would
+                # have made (the parent tells the calls apart by them), each with its query taken and dropped.
+                for rest in trial["steps"][trial["steps"].index(step):]:
+                    for flag in ("mark", "mark_after"):
+                        if rest.get(flag):
+                            shape = rest["q_shape"] if flag == "mark" and rest.get("q") == "go" else \
+                                [trial["B"]] if rest.get("digest") else None
+                            mark(None if shape is None else np.empty(shape, dtype=np.float64 if len(shape) == 1
+                                                                     else dtype))
+                break
             del k, v
             if step.get("mark"):
                 if step.get("q") == "go":
