@@ -21,14 +21,17 @@ import math
 
 import numpy as np
 
-# Visible-window rules: how many keys (0 .. c-1) query slot ``t`` of row ``b``
-# sees. ``pos`` is its correct absolute position, ``lens`` the row length after
-# the append, ``n`` the row's new tokens, ``T`` the slots, ``S`` = lens.max().
-# Returning ``pos + 1`` is the correct rule; ``None`` means "left undefined"
-# (no key visible: real code gives 0, NaN or anything, so diagnosis skips it).
+# Visible-window rules: which keys query slot ``t`` of row ``b`` sees, as ``c``
+# (keys 0 .. c-1) or ``(lo, c)`` (keys lo .. c-1). ``pos`` is its correct absolute
+# position, ``lens`` the row length after the append, ``n`` the row's new tokens,
+# ``T`` the slots, ``S`` = lens.max(). Returning ``pos + 1`` is the correct rule;
+# ``None`` means "left undefined" (no key visible: real code gives 0, NaN or
+# anything, so diagnosis skips it).
 WINDOWS = {
     # Top-left aligned mask over [T, S]; decode (T == 1) skips the mask.
     "chunk_local_mask": lambda pos, t, lens, n, T, S: pos + 1 if T == 1 else min(t + 1, lens),
+    # The cached prefix hidden: a chunk attends only to its own keys (causally); decode reads the whole row.
+    "chunk_local_mask/prefix_hidden": lambda pos, t, lens, n, T, S: pos + 1 if T == 1 else (pos - t, pos + 1),
     # Sees its successor too (silent at decode: nothing follows the last token).
     "off_by_one_mask": lambda pos, t, lens, n, T, S: min(pos + 2, lens),
     # Not itself: the first token sees nothing.
@@ -42,7 +45,7 @@ WINDOWS = {
 
 # Every variant the grader compares a wrong output against, by mistake id.
 VARIANTS = {
-    "chunk_local_mask": ["chunk_local_mask"],
+    "chunk_local_mask": ["chunk_local_mask", "chunk_local_mask/prefix_hidden"],
     "off_by_one_mask": ["off_by_one_mask", "off_by_one_mask/too_few"],
     "ragged_keys_unmasked": ["ragged_keys_unmasked", "ragged_keys_unmasked/batch_mask"],
     "modulo_head_mapping": ["modulo_head_mapping"],
@@ -103,13 +106,16 @@ def _windowed_attention(rule, KVCache, gqa_attention, q, cache, n_new):
             c = rule(pos, t, int(lens[b]), int(n_new[b]), T, S)
             if c is None:
                 out[b, :, t] = np.nan
-            elif c != pos + 1:
-                # The query as a decode step over exactly keys 0 .. c-1.
-                window = KVCache(1, kv_heads, c, d, dtype=cache.k.dtype)
-                window.append(cache.k[b:b + 1, :, :c], cache.v[b:b + 1, :, :c], np.array([c]))
-                single = np.zeros((1, Hq, c, d), dtype=q.dtype)
-                single[0, :, c - 1] = q[b, :, t]
-                out[b, :, t] = np.asarray(gqa_attention(single, window, np.array([c])))[0, :, c - 1]
+                continue
+            lo, c = c if isinstance(c, tuple) else (0, c)
+            if (lo, c) != (0, pos + 1):
+                # The query as a decode step over exactly keys lo .. c-1.
+                w = c - lo
+                window = KVCache(1, kv_heads, w, d, dtype=cache.k.dtype)
+                window.append(cache.k[b:b + 1, :, lo:c], cache.v[b:b + 1, :, lo:c], np.array([w]))
+                single = np.zeros((1, Hq, w, d), dtype=q.dtype)
+                single[0, :, w - 1] = q[b, :, t]
+                out[b, :, t] = np.asarray(gqa_attention(single, window, np.array([w])))[0, :, w - 1]
     return out
 
 

@@ -83,15 +83,20 @@ def decode(out: np.ndarray, B: int, kv_heads: int, positions: int) -> Seen | Non
     return Seen(tokens, n - int(np.round(counts).sum()), n)
 
 
-# How many slots (keys 0 .. c-1 of the row) a query sees under each known mask pattern.
-# pos: the query's right position; t: its slot in the call; live: the row's length after
-# the append; n: the row's new tokens; T: slots in the call; S: the longest row's length.
+# The slots a query sees under each known mask pattern: ``c`` (keys 0 .. c-1 of the row), or
+# ``(lo, c)`` (keys lo .. c-1). pos: the query's right position; t: its slot in the call; live: the
+# row's length after the append; n: the row's new tokens; T: slots in the call; S: the longest row's length.
 MASKS = {
     "right": lambda pos, t, live, n, T, S: pos + 1,
     # Top-left: the chunk's own causal mask, as if the cache were empty.
     "chunk_local_mask": lambda pos, t, live, n, T, S: t + 1 if T > 1 else None,
     # The same mask at decode too (query 0 of a one-token call sees key 0 alone).
     "chunk_local_mask/at_decode_too": lambda pos, t, live, n, T, S: t + 1,
+    # The cached prefix hidden: the chunk attends only to its own keys, causally, as if the cache held
+    # only the chunk (decode reads the whole row).
+    "chunk_local_mask/prefix_hidden": lambda pos, t, live, n, T, S: (pos - t, pos + 1) if T > 1 else None,
+    # The same at decode too: a one-token call sees its own key alone.
+    "chunk_local_mask/prefix_hidden_at_decode_too": lambda pos, t, live, n, T, S: (pos - t, pos + 1),
     "off_by_one_mask": lambda pos, t, live, n, T, S: pos + 2 if pos + 2 <= live else None,
     # Not itself: a row's first token sees nothing (0 keys: a softmax kept finite gives 0 there).
     "off_by_one_mask/too_few": lambda pos, t, live, n, T, S: pos,
@@ -100,6 +105,14 @@ MASKS = {
     # Positions counted from the longest row, or one mask [T, S] for the whole batch.
     "ragged_keys_unmasked": lambda pos, t, live, n, T, S: min(S - n + t + 1, S) if live < S else None,
     "ragged_keys_unmasked/batch_mask": lambda pos, t, live, n, T, S: S - T + t + 1 if live < S or n < T else None,
+}
+# What a pattern's window is, in words, where one mistake has several (the evidence says which was seen).
+SHAPES = {
+    "chunk_local_mask": "top-left aligned: the chunk's own causal mask, as if the cache were empty",
+    "chunk_local_mask/at_decode_too": "top-left aligned at every call, decode included",
+    "chunk_local_mask/prefix_hidden": "the cached prefix hidden: the chunk sees only its own keys",
+    "chunk_local_mask/prefix_hidden_at_decode_too": "the cached prefix hidden at every call: a decode query "
+                                                    "sees its own key alone",
 }
 HEAD_MAPS = {
     "right": lambda h, kv_heads, G: h // G,
@@ -113,9 +126,11 @@ def mistake_of(pattern: str) -> str:
     return pattern.split("/")[0]
 
 
-def _window(c: int, live: int) -> tuple[set, int]:
-    """Positions and empty slots read by a query that sees slots 0 .. c-1 of a row of ``live`` tokens."""
-    return set(range(min(c, live))), max(c - live, 0)
+def _window(c, live: int) -> tuple[set, int]:
+    """Positions and empty slots read by a query that sees slots 0 .. c-1 (``c``) or lo .. c-1 (``(lo, c)``)
+    of a row of ``live`` tokens."""
+    lo, c = c if isinstance(c, tuple) else (0, c)
+    return set(range(lo, min(c, live))), max(c - max(live, lo), 0)
 
 
 def classify(seen: Seen, row: int, head: int, kv_heads: int, G: int, pos: int, t: int,
@@ -143,7 +158,7 @@ def classify(seen: Seen, row: int, head: int, kv_heads: int, G: int, pos: int, t
     masks = set()
     for name, rule in MASKS.items():
         c = rule(pos, t, live, n, T, S)
-        if c is not None and c >= 0 and _window(c, live) == (got, seen.empty):
+        if c is not None and min(c if isinstance(c, tuple) else (c,)) >= 0 and _window(c, live) == (got, seen.empty):
             masks.add(name)
     for name, window in (layouts or {}).items():
         if window == (got, seen.empty):

@@ -4,7 +4,7 @@ Each step is classified by what it exercises (see docs/contract.md): ``decode``
 (T = 1, every row one new token), ``full_prefill`` (every row receives its
 whole content in one call, T = S), ``chunked_prefill`` (every row receives
 T > 1 tokens after earlier ones, T < S), each only when every row has received
-the same tokens in every call since the cache was empty, and ``ragged``
+the same tokens in every call since the cache was empty, with no padded slot (``UNIFORM``), and ``ragged``
 (anything else: rows of different lengths now or before, zero-token rows,
 padded slots); ``edge`` steps (B = 0, T = 0, an all-empty cache) only add notes;
 ``overflow`` and ``after_overflow`` steps decide the overflow criterion;
@@ -25,12 +25,23 @@ from grader.suite import Trial, hidden_suite
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 
 
+# The kinds of rows that have had the same length and received the same tokens in every call since the cache
+# was empty, with no padded slot: Hire's checks, and the only steps the chunked-prefill check reads.
+UNIFORM = ("decode", "full_prefill", "chunked_prefill")
+
+
 def step_kinds(trial: Trial) -> list[str]:
     """The kind of each step of ``trial`` (see the module docstring)."""
     if trial.group == "structure":
         return ["structure"] * len(trial.steps)  # read by diagnosis only
+    return history_kinds(trial)
+
+
+def history_kinds(trial: Trial) -> list[str]:
+    """The kind each step's history gives it, whatever the trial's group: for a structure trial, which of
+    its steps are uniform (``UNIFORM``) and which ragged, so diagnosis reads them as the criteria do."""
     kinds, lens, overflowed = [], np.zeros(trial.B, dtype=np.int64), False
-    history_uniform = True  # every call so far gave every row the same number of tokens
+    history_uniform = True  # every call so far gave every row all of its T slots (n_new[b] == T)
     for step in trial.steps:
         if step.overflow:
             kinds.append("overflow")  # changes nothing
@@ -42,11 +53,12 @@ def step_kinds(trial: Trial) -> list[str]:
             continue
         n, T = step.n_new, step.q.shape[2]
         before, lens = lens, lens + n
-        # Hire's steps: rows that received the same tokens in every call since the cache was empty. Rows
-        # that are equal now after a ragged history are a ragged-rows case (a shared position is right
-        # only while every row has always moved together).
+        # Hire's steps: rows that received the same tokens in every call since the cache was empty, with no
+        # padded slot in any of those calls. Rows that are equal now after a ragged or padded history are a
+        # ragged-rows case (a shared position is right only while every row has always moved together, and
+        # one advanced by T, padding included, only while no call had padding).
         uniform = trial.B > 0 and T > 0 and (n == T).all() and history_uniform
-        history_uniform = history_uniform and bool((n == n[0]).all()) if trial.B else history_uniform
+        history_uniform = history_uniform and bool((n == T).all())
         if trial.B == 0 or T == 0 or not lens.any():
             kinds.append("edge")  # B = 0, T = 0, an all-empty cache: notes, not a criterion
         elif not uniform:

@@ -17,6 +17,9 @@ reported as "wrong output, no known mistake" with the smallest failing case.
 """
 from __future__ import annotations
 
+import functools
+import os
+import tomllib
 import types
 from dataclasses import dataclass, field
 
@@ -25,7 +28,7 @@ import numpy as np
 from catalogue import mutants, structure
 from grader import jobs
 from grader.child import tasks as child_tasks
-from grader.compare import Comparison
+from grader.compare import UNIFORM, Comparison, history_kinds
 from grader.oracle import OracleCache, oracle_attention
 from grader.suite import Trial
 
@@ -91,6 +94,7 @@ def recover(comparison: Comparison, outputs_by_trial: dict) -> Diagnosis:
     """Read the structure trials' outputs back into masks and head maps, and name what they show."""
     diag = Diagnosis()
     head_sets, mask_sets, examples = [], [], {}
+    mask_uniform = []  # per entry of mask_sets: whether its query's rows have always moved together
     # Mask patterns shown by a wrong query that saw some key (or an empty slot). An output of exact zeros
     # (a query that saw nothing) fits a pattern that hides every key from it, but so does code that skips
     # the query: alone, it names nothing.
@@ -98,6 +102,7 @@ def recover(comparison: Comparison, outputs_by_trial: dict) -> Diagnosis:
     for name in dict.fromkeys(s.trial.name for s in comparison.steps if s.kind == "structure"):
         steps = comparison.in_trials(name)
         trial = steps[0].trial
+        uniform = [kind in UNIFORM for kind in history_kinds(trial)]
         layouts = structure.shared_position_windows([list(map(int, s.n_new)) for s in trial.steps],
                                                     [s.q.shape[2] for s in trial.steps])
         for i, b, h, t, pos, before, after, T, seen in _queries(trial, outputs_by_trial.get(name, []), steps):
@@ -122,6 +127,7 @@ def recover(comparison: Comparison, outputs_by_trial: dict) -> Diagnosis:
                     diag.heads = _head_picture(trial, outputs_by_trial[name][i], b, t, case)
             if "right" not in masks:
                 mask_sets.append(masks)
+                mask_uniform.append(uniform[i])
                 if got or seen.empty:
                     shown_with_keys |= masks
                 empty = f" and {seen.empty} slot(s) holding no token" if seen.empty else ""
@@ -132,6 +138,9 @@ def recover(comparison: Comparison, outputs_by_trial: dict) -> Diagnosis:
                     diag.mask = _mask_picture(trial, outputs_by_trial[name][i], i, b, h, before, after, case)
             if not heads or not masks:
                 diag.unexplained += 1
+    judged = _judged_on_uniform_rows(mask_sets, mask_uniform)
+    diag.unexplained += sum(1 for was, now in zip(mask_sets, judged) if was and not now)
+    mask_sets = judged
     for sets, shown in ((head_sets, None), (mask_sets, shown_with_keys)):
         known = [s for s in sets if s]
         chosen = structure.explain(known) or set()
@@ -140,9 +149,37 @@ def recover(comparison: Comparison, outputs_by_trial: dict) -> Diagnosis:
         if shown is not None and not chosen <= shown:
             continue  # a pattern only queries that saw nothing show: not shown by the code's behaviour
         for pattern in sorted(chosen):
+            shape = f" ({structure.SHAPES[pattern]})" if pattern in structure.SHAPES else ""
             diag.named.setdefault(structure.mistake_of(pattern),
-                                  f"recovered with q = 0 and one-hot values: {examples[pattern]}")
+                                  f"recovered with q = 0 and one-hot values{shape}: {examples[pattern]}")
     return diag
+
+
+def _judged_on_uniform_rows(mask_sets: list, uniform: list) -> list:
+    """``mask_sets`` with the patterns of a uniform-rows check kept for a query of ragged rows only when
+    queries of uniform rows show them too.
+
+    Decode, full prefill and chunked prefill are judged on rows that have always moved together (their
+    mistakes, as the catalogue files them, are ``chunk_local_mask``, ``off_by_one_mask``, ...). A mask
+    offset right there but wrong on ragged rows is a ragged-rows matter, even where one of its ragged
+    queries happens to see the window such a pattern gives: only the ragged-rows patterns explain it.
+    """
+    foreign = {p for sets in mask_sets for p in sets if _criterion_of(structure.mistake_of(p)) != "ragged_rows"}
+    if not foreign:
+        return mask_sets
+    shown = structure.explain([s for s, u in zip(mask_sets, uniform) if u]) or set()
+    return [s if u else {p for p in s if p not in foreign or p in shown} for s, u in zip(mask_sets, uniform)]
+
+
+@functools.lru_cache(maxsize=1)
+def _criteria_of_mistakes() -> dict:
+    with open(os.path.join(os.path.dirname(os.path.abspath(structure.__file__)), "mistakes.toml"), "rb") as f:
+        return {mistake: entry.get("criterion") for mistake, entry in tomllib.load(f).items()}
+
+
+def _criterion_of(mistake: str) -> str | None:
+    """The rubric criterion the catalogue files ``mistake`` under (None for "right" or an unknown id)."""
+    return _criteria_of_mistakes().get(mistake)
 
 
 def _mask_picture(trial, out, i, b, h, before, after, case) -> dict:

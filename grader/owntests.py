@@ -7,7 +7,10 @@ each planted mistake. The variant stays in the parent, which answers the
 wrapped calls (``grader/variants.py``): a test can tell a mutant only by the
 outcomes it checks. The parent reads the exit codes as data and builds the
 kill matrix. Strong Hire needs the tests to pass on the submission and on the
-control, and to catch ``chunk_local_mask``.
+control, and to catch ``chunk_local_mask``; a submission that refuses chunked
+prefill with a clear error is charged for it once (the chunked-prefill
+criterion), and its tests may catch ``ragged_keys_unmasked`` instead, the mask
+mistake the calls the refusal does not touch show plainly.
 """
 from __future__ import annotations
 
@@ -21,6 +24,11 @@ from grader.criteria import Criterion
 from grader.inert import shorten, strip
 
 KEY_MUTANT = mutants.MUST_CATCH
+# The key mistake a submission that refuses chunked prefill with a clear error may catch instead: the
+# chunk-local mask changes mostly the calls it refuses (elsewhere only multi-slot calls that give a row one
+# token), so its tests are judged on the calls the refusal does not touch, where this mask mistake shows
+# only on rows of different lengths.
+KEY_MUTANT_IF_CHUNKS_REFUSED = "ragged_keys_unmasked"
 
 
 def test_files(workdir: str) -> list[str]:
@@ -57,10 +65,13 @@ def _first_failure(run: dict) -> str:
     return f" (first failure: {shorten(strip(text), 240)})"  # cut at a whole value, its brackets closed
 
 
-def criterion(session, files: list[str], task_of=None) -> Criterion:
+def criterion(session, files: list[str], task_of=None, chunks_refused: bool = False) -> Criterion:
     """The ``own_tests`` criterion, with its kill matrix as evidence.
 
     ``task_of(variant)`` names the (opaque) task that ran ``variant``.
+    ``chunks_refused``: the submission refuses chunked prefill with a clear
+    error (that criterion is ``not_attempted``); catching
+    ``KEY_MUTANT_IF_CHUNKS_REFUSED`` then passes too.
     """
     if not files:
         return Criterion("own_tests", "not_attempted", "no test_*.py in the submission")
@@ -110,13 +121,21 @@ def criterion(session, files: list[str], task_of=None) -> Criterion:
                          "calls take, pass there" + _first_failure(runs.get(mutants.CONTROL, {}))
                          + _kept(session, task_of))
     matrix = mutants.kill_matrix({v: code(v) for v in runs})
-    if KEY_MUTANT in matrix["not_run"]:
+    keys = [KEY_MUTANT, KEY_MUTANT_IF_CHUNKS_REFUSED] if chunks_refused else [KEY_MUTANT]
+    caught = [k for k in keys if k in matrix["caught"]]
+    unknown = [k for k in keys if k in matrix["not_run"]]
+    if not caught and unknown:
         # Whether the tests catch it is unknown: no guess either way.
-        why = _why_not_run(runs[KEY_MUTANT]) if KEY_MUTANT in runs else "the run did not report"
-        return Criterion("own_tests", "error", f"own tests pass on the submission, but the run on {KEY_MUTANT} "
+        key = unknown[0]
+        why = _why_not_run(runs[key]) if key in runs else "the run did not report"
+        return Criterion("own_tests", "error", f"own tests pass on the submission, but the run on {key} "
                          f"did not finish ({why}); " + matrix["summary"])
-    status = "pass" if matrix["caught_must"] else "fail"
-    prefix = "pass on the submission; " if status == "pass" else f"pass on the submission but miss {KEY_MUTANT}; "
+    status = "pass" if caught else "fail"
+    wanted = " or ".join(keys)
+    prefix = "pass on the submission; " if status == "pass" else f"pass on the submission but miss {wanted}; "
+    if chunks_refused:
+        prefix += (f"chunked prefill is refused, so catching {KEY_MUTANT_IF_CHUNKS_REFUSED} (shown on calls the "
+                   f"refusal does not touch) does as well as {KEY_MUTANT}; ")
     return Criterion("own_tests", status, prefix + matrix["summary"] + _kept(session, task_of))
 
 

@@ -188,13 +188,17 @@ def overflow_trials(seed: int) -> list[Trial]:
     append. So the verdict comes from outputs (a row that claims tokens it
     never stored reads the wrong keys), never from what the child says.
     The overflowing row is the last, then the first (rows before it are the
-    ones an eager loop moves). Histories are uniform, so a design that is
-    right only on rows that move together is judged on overflow alone.
+    ones an eager loop moves): it is empty and receives more tokens than
+    ``max_len``, while the other row, 7 tokens long, receives one that fits.
+    No call is a chunk after cached tokens, so a clear refusal of chunked
+    prefill does not touch them (it is charged to chunked prefill alone); the
+    decode after the failed append is judged against the trial's twin, so a
+    design wrong on ragged rows is judged on overflow alone.
     """
     rng = np.random.default_rng([seed, 4])
     trials = []
-    for name, before, over in (("overflow-last-row", 7, [1, 2]), ("overflow-first-row", 7, [2, 1])):
-        trial = build(name, "targeted", rng, 2, 2, 2, 4, [[before, before]], max_len=8)
+    for name, before, over in (("overflow-last-row", [7, 0], [1, 9]), ("overflow-first-row", [0, 7], [9, 1])):
+        trial = build(name, "targeted", rng, 2, 2, 2, 4, [before], max_len=8)
         # The overflowing append: T = max(over), wider than the space left in the row that overflows.
         step = _step(rng, 2, 2, 2, 4, over, max(over), "float64")
         step.overflow = True
