@@ -15,7 +15,9 @@ keeps its fastest round (``benchmarks/timing.py``):
 4. grading: seconds per submission, submissions per minute with ``--jobs 2``
    (``benchmarks/grading.py``);
 5. on a CUDA device, the port's bf16 decode against the device's copy bandwidth
-   (``benchmarks/gpu_decode.py``; merged from its JSON with ``--gpu-json``).
+   (``benchmarks/gpu_decode.py``; merged from its JSON with ``--gpu-json``);
+6. the learner's feedback: seconds from ``kvkit progress`` to the current step's
+   first failing check, on step 1 and on step 2 (``benchmarks/progress_time.py``).
 
 Writes ``OUT/bench.json``, ``OUT/table.md``, ``OUT/concat.png`` and
 ``OUT/decode.png`` (``--out``, default ``bench-out``), and ``--json FILE``;
@@ -33,7 +35,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FIGURES = ("concat", "decode", "reservation", "grade", "gpu")
+FIGURES = ("concat", "decode", "reservation", "grade", "gpu", "progress")
 
 # (key, comparison, threshold, what it says): the issue's targets for this CPU.
 TARGETS = {
@@ -44,6 +46,7 @@ TARGETS = {
     "decode_tuned_torch_fraction_of_read_bw": (">=", 0.50, "tuned PyTorch decode at least 50% of the read bandwidth"),
     "decode_tuned_torch_vs_sdpa": (">=", 1.5, "tuned PyTorch decode at least 1.5x SDPA enable_gqa"),
     "reservation_time_ratio": ("<=", 1.2, "8,192 over 512 reservation at most 1.2"),
+    "progress_first_message_s": ("<=", 3.0, "kvkit progress shows the current step's failure within 3 s (steps 1, 2)"),
 }
 
 # The keys the issue asks for; each is in the JSON (None, with a reason, when not measured).
@@ -61,15 +64,15 @@ def settings(quick: bool) -> dict:
 
     The decode and reservation shapes are the same in both (they define the
     figures); the quick run takes fewer rounds (decode: 8, or as many as start
-    within 10 s, at least 3), a smaller read array, n up to
+    within 10 s, at least 3; progress: 1 instead of 3), a smaller read array, n up to
     2,048 instead of 4,096, and grades one batch of two examples (seconds per
     submission from the grader's own ``duration_s``) instead of one alone and then all.
     """
     if quick:
         return dict(concat_n=2048, concat_rounds=3, decode_rounds=8, decode_budget_s=10.0, read_bytes=512 * 2**20,
-                    reservation_rounds=30, grade_batch=2, grade_single_run=False)
+                    reservation_rounds=30, grade_batch=2, grade_single_run=False, progress_rounds=1)
     return dict(concat_n=4096, concat_rounds=3, decode_rounds=30, decode_budget_s=None, read_bytes=2**30,
-                reservation_rounds=100, grade_batch=None, grade_single_run=True)
+                reservation_rounds=100, grade_batch=None, grade_single_run=True, progress_rounds=3)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -303,6 +306,16 @@ def table_rows(r: dict, status: dict) -> list[tuple[str, str, str, str]]:
                      f"SDPA / port {r['gpu_decode_torch_vs_sdpa']:.2f}x", "", ""))
     elif "gpu_error" in r:
         rows.append(("5. GPU decode (bf16)", r["gpu_error"], "", ""))
+    for step in (1, 2):
+        key = f"progress_first_message_step{step}_s"
+        if r.get(key) is not None:
+            rows.append((f"6. kvkit progress on step {step}: seconds to the first failing check (whole run)",
+                         f"{r[key]:.2f} s, slowest of {r['progress_rounds']} (median "
+                         f"{r[f'progress_first_message_step{step}_median_s']:.2f} s; whole run "
+                         f"{r[f'progress_whole_run_step{step}_s']:.1f} s)", "<= 3 s",
+                         _mark(status, "progress_first_message_s")))
+        elif r.get(f"progress_step{step}_error"):
+            rows.append((f"6. kvkit progress on step {step}", r[f"progress_step{step}_error"], "", ""))
     return rows
 
 
@@ -326,6 +339,8 @@ def notes(r: dict, status: dict) -> list[str]:
         "reservation_time_ratio": lambda: "the large reservation costs more than the live keys explain "
                                           "(a scan past lens.max(), or strided reads)",
         "concat_bytes_ratio": lambda: "tracemalloc saw allocations other than the concatenations",
+        "progress_first_message_s": lambda: "one step's pytest run (its start-up and the step's checks) took that "
+                                            "long: a busy machine, or a slow file system",
     }
     for key, s in status.items():
         if s["met"] is False:
@@ -404,6 +419,11 @@ def run(args) -> dict:
                                      single_run=cfg["grade_single_run"]))
     if "gpu" in only:
         results.update(gpu_figures(args.gpu_json))
+    if "progress" in only:
+        from benchmarks.progress_time import progress_figures
+
+        _log(f"6. kvkit progress: time to the first failing check on steps 1 and 2, {cfg['progress_rounds']} round(s)")
+        results.update(progress_figures(cfg["progress_rounds"]))
     results["targets"] = target_status(results)
     results["bench_seconds"] = time.perf_counter() - started
     results["machine"]["cpu_pressure_avg10_at_end"] = cpu_pressure()

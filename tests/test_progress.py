@@ -458,3 +458,16 @@ def test_every_planted_mistake_has_a_way_to_catch_it_shown_when_missed(tmp_path)
     assert "Your own tests caught 2 of 3 planted mistakes; they miss: concat_growth." in out
     assert f"  concat_growth: {own.missed['concat_growth']}" in out
     assert "missing_scale:" not in out  # caught: no advice
+
+
+def test_the_bench_times_the_first_failing_check_of_the_step_the_learner_is_on(tmp_path):
+    """`kvkit bench --only progress` (benchmarks/progress_time.py): its learner on step 2 passes step 1, and the
+    line it times is step 2's failure, printed before the run ends (no timing asserted: a shared machine)."""
+    from benchmarks.progress_time import learner_copy, time_progress
+
+    folder = learner_copy(tmp_path / "step2", 2)
+    assert progress.run_step(progress.load_steps(folder)[0], folder).status == "done"
+    run = time_progress(folder)
+    assert run["step"] == 2 and run["exit_code"] == 1, run
+    assert 0 < run["first_message_s"] < run["exit_s"], run
+    assert progress._remembered(folder) == 2
