@@ -77,6 +77,11 @@ def test_each_example_behaves_as_its_entry_says(example):
     mistakes = EXPECTED[example]["mistakes"]
     failing_checks = {MISTAKES[m]["criterion"] for m in mistakes if MISTAKES[m]["criterion"] in CHECKED}
     failing_checks |= set(EXPECTED[example].get("refuses", []))  # refused with a clear error: no output to pass
+    if "chunked_prefill" in EXPECTED[example].get("refuses", []):
+        # The in-process check counts every ragged step, refused chunks included (the notebook grades
+        # ragged_rows_unchunked apart); kvkit grade judges ragged rows on the calls the refusal does not touch.
+        failing_checks.add("ragged_rows")
+    failing_checks |= set(EXPECTED[example].get("fails", []))  # wrong with no catalogued pattern
     if {"chunk_local_mask", "ragged_keys_unmasked", "future_keys_visible"} & set(mistakes):
         failing_checks.add("ragged_rows")  # ragged trials contain chunks too
     if {"modulo_head_mapping", "div_kv_heads_mapping", "missing_scale", "off_by_one_mask"} & set(mistakes):

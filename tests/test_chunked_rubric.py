@@ -135,6 +135,18 @@ def test_no_overflow_trial_sends_a_chunk_after_cached_tokens():
         assert all(int(s.n_new.max()) > 1 for s in over)
 
 
+def test_a_refusal_made_before_the_room_is_checked_passes_the_overflow_check():
+    class Refusing(ref.KVCache):
+        def append(self, k_new, v_new, n_new):
+            if np.any((np.asarray(self.lens) > 0) & (np.asarray(n_new) > 1)):
+                raise NotImplementedError("no chunked prefill")
+            return super().append(k_new, v_new, n_new)
+
+    comparison, outputs = run(Refusing, ref.gqa_attention, suite.overflow_trials(SEED))
+    result = grade.criteria_mod.overflow_from_trials(comparison, outputs)
+    assert result.status == "pass", result.evidence
+
+
 def test_own_tests_of_a_refusal_may_catch_the_ragged_mask_instead():
     """The chunk-local mutant changes mostly the calls a refusal refuses: tests that catch the ragged-rows mask
     mutant on the calls it does not touch pass; tests that catch neither fail, naming both."""

@@ -27,12 +27,12 @@ class KVCache:
         if n_new.shape != (B,) or (B and (n_new.min() < 0 or n_new.max() > k_new.shape[2])):
             raise ValueError(f"n_new must be {B} counts in 0..T={k_new.shape[2]}, got {n_new.tolist()}")
         n_new = n_new.astype(np.int64)
-        if np.any((self.lens > 0) & (n_new > 1)):
-            raise NotImplementedError("chunked prefill (a chunk appended to a row that holds tokens already) is "
-                                      "not supported: prefill a whole prompt into an empty row, then decode")
         if np.any(self.lens + n_new > L):
             b = int(np.argmax(self.lens + n_new > L))
             raise ValueError(f"row {b} would overflow: {self.lens[b]} + {n_new[b]} > max_len {L}")
+        if np.any((self.lens > 0) & (n_new > 1)):
+            raise NotImplementedError("chunked prefill (a chunk appended to a row that holds tokens already) is "
+                                      "not supported: prefill a whole prompt into an empty row, then decode")
         for b in range(B):
             lo, n = self.lens[b], n_new[b]
             self.k[b, :, lo:lo + n] = k_new[b, :, :n]

@@ -23,11 +23,11 @@ class KVCache:
         if len(counts) != B or any(c < 0 or c > k_new.shape[2] for c in counts):
             raise ValueError(f"n_new must be {B} counts in 0..T={k_new.shape[2]}, got {counts}")
         lens = self.lens.tolist()
+        if any(held + c > L for held, c in zip(lens, counts)):
+            raise ValueError(f"append would overflow max_len {L}: lens {lens} + n_new {counts}")
         if any(held > 0 and c > 1 for held, c in zip(lens, counts)):
             raise NotImplementedError("chunked prefill (a chunk appended to a row that holds tokens already) is "
                                       "not supported: prefill a whole prompt into an empty row, then decode")
-        if any(held + c > L for held, c in zip(lens, counts)):
-            raise ValueError(f"append would overflow max_len {L}: lens {lens} + n_new {counts}")
         for b, (lo, n) in enumerate(zip(lens, counts)):
             if n:
                 self.k[b, :, lo:lo + n].copy_(k_new[b, :, :n])
