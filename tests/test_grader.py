@@ -59,6 +59,9 @@ def _has_its_verdict(reports, name):
     assert report["tier"] == expected["tier"], (report["tier_reason"], report["mistakes"], unpassed, report["notes"])
     assert sorted(report["mistakes"]) == sorted(expected["mistakes"]), report["mistake_evidence"]
     assert sorted(report["port_mistakes"]) == sorted(expected.get("port_mistakes", []))
+    statuses = {c["id"]: c["status"] for c in report["criteria"]}
+    assert all(statuses[c] == "not_attempted" for c in expected.get("refuses", [])), statuses  # charged there
+    assert all(statuses[c] == "fail" for c in expected.get("fails", [])), statuses  # wrong, no pattern named
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLE_CORE))
