@@ -34,9 +34,9 @@ BOUNDS = {b.id: b for b in (
     Bound("task_held", 7.5, 1.2,
           "the peak of a decode process at 8 KV heads and d = 128, in live K/V, against max(7.5, 1 + 0.4 G): memory "
           "held for K/V per query head whatever the heads (a cache read in place holds about 2, a mask table 1 more)"),
-    Bound("growth_held", 0.5, 1.5,
-          "in a run of one-token appends, a part's peak above its end, in live K/V at its start: the old buffer "
-          "held beside its copy (a cache written in place frees nothing while it grows)"),
+    Bound("growth_held", 0.6, 1.5,
+          "in a run of one-token appends, a part's peak above its end, in live K (or V) at its start: the old "
+          "buffer held beside its copy, K's and V's one after the other (a cache written in place frees nothing)"),
     Bound("growth_cpu", 3.0, 1.3,
           "CPU time per one-token append in the appends' last half against their first part (live K/V 4 to 8 "
           "times smaller): a copy on every append costs in proportion to the length"),

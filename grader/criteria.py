@@ -30,6 +30,7 @@ class Criterion:
     caps: str = ""  # the port only: why it caps the tier though no mistake is named (it could not be measured)
     silent: bool = False  # some step returned a wrong output (rather than raising): silently wrong
     unjudgeable: bool = False  # error: the code ran and measured, but no figure can tell (not the port's fault)
+    figures: dict = field(default_factory=dict)  # the measured ratios it was judged by, by bound (grader.bounds)
 
 
 def _where(step: StepVerdict) -> str:
@@ -297,6 +298,7 @@ def no_repeat(runs: list, check_output: bool = True, refused: bool = False) -> C
                 return Criterion(cid, "error", f"the memory probe at {_layout(probe.config)}: {why}")
     per_head = BOUNDS["repeat_per_head"]
     figures, named, unheld = [], [], []
+    worst = {"repeat_per_head": float("-inf"), "call_held": float("-inf"), "task_held": float("-inf")}
     meter = "the sandbox's cgroup" if runs[0][1].memory_source == "cgroup" else "the process's peak RSS"
     for (probe, task, _), (twin, twin_task, _) in pairs:
         G, c = probe.config["G"], probe.config
@@ -307,6 +309,9 @@ def no_repeat(runs: list, check_output: bool = True, refused: bool = False) -> C
                 continue
             live = _call_live(c, call)
             ratio = (mine - theirs) / (live * (G - 1))
+            worst["repeat_per_head"] = max(worst["repeat_per_head"], ratio)
+            if call != "full prefill":
+                worst["call_held"] = max(worst["call_held"], mine / live / call_held_limit(G) * BOUNDS["call_held"].limit)
             shown.append(f"{call} +{mine / live:.1f}x (twin +{theirs / live:.1f}x)")
             if per_head.crossed(ratio):
                 named.append((ratio, f"{call} at {_layout(c)} adds {mine / live:.1f}x the K/V it reads "
@@ -317,26 +322,30 @@ def no_repeat(runs: list, check_output: bool = True, refused: bool = False) -> C
                               f"{call_held_limit(G):.1f}x or more, and its twin at G = 1 about as much")
         shown += [f"{call} refused" for call in MEMORY_CALLS if MEMORY_STEPS[call] in refused_steps(task)]
         whole = (_held(probe, task) - _held(twin, twin_task)) / (probe.live_bytes * (G - 1))
+        worst["repeat_per_head"] = max(worst["repeat_per_head"], whole)
         if per_head.crossed(whole):
             named.append((whole, f"the decode process at {_layout(c)} peaks {_held(probe, task) / probe.live_bytes:.1f}x "
                                  f"the live K/V, its twin {_held(twin, twin_task) / twin.live_bytes:.1f}x: memory per "
                                  f"query head held across the calls"))
         total = _held(probe, task) / probe.live_bytes
+        if c["Hkv"] == 8 and c["d"] == 128:
+            worst["task_held"] = max(worst["task_held"], total / task_held_limit(G) * BOUNDS["task_held"].limit)
         if c["Hkv"] == 8 and c["d"] == 128 and total >= task_held_limit(G):
             unheld.append(f"the decode process at {_layout(c)} holds {total:.1f}x the live K/V, "
                           f"{task_held_limit(G):.1f}x or more, and its twin about as much")
         figures.append(f"{_layout(c)}: " + ", ".join(shown or ["no figure per call"]))
     text = "; ".join(figures)
+    measured = {k: round(v, 3) for k, v in worst.items() if v != float("-inf")}
     if named:
-        worst = max(named)[1]
-        return Criterion(cid, "fail", f"{worst} ({meter}): K/V materialised per query head. Each call's extra "
-                         f"memory, in the K/V it reads: {text}", mistakes=["kv_repeat"])
+        return Criterion(cid, "fail", f"{max(named)[1]} ({meter}): K/V materialised per query head. Each call's "
+                         f"extra memory, in the K/V it reads: {text}", mistakes=["kv_repeat"], figures=measured)
     if unheld:
         return Criterion(cid, "fail", f"{unheld[0]} ({meter}): memory per query head, or half of it at once, "
                          f"whatever the heads (a call that reads in place adds its scores and at most working "
-                         f"copies of K and V). Each call's extra memory: {text}")
+                         f"copies of K and V). Each call's extra memory: {text}", figures=measured)
     return Criterion(cid, "pass", f"full prefill, decode and chunked prefill measured by {meter}, each call "
-                     f"against its twin at G = 1, in the K/V it reads: {text} (a repeat would add about G times)")
+                     f"against its twin at G = 1, in the K/V it reads: {text} (a repeat would add about G times)",
+                     figures=measured)
 
 
 def in_place(runs: list, explain: list | None = None) -> Criterion:
@@ -366,8 +375,8 @@ def in_place(runs: list, explain: list | None = None) -> Criterion:
     for j, part in enumerate(parts):
         start = c["prefill"] + j * c["every"]
         count = min(c["every"], c["total"] - start)
-        if part["peak"] is not None and part["end"] is not None:
-            held.append((part["peak"] - part["end"]) / (start * per_token))
+        if part["peak"] is not None and part["end"] is not None:  # in one of K or V: they are copied apart
+            held.append((part["peak"] - part["end"]) / (start * per_token / 2))
         if part["cpu_s"] is not None and count > 0:
             cpu.append((start, part["cpu_s"] / count))
     held_figure = max(held) if held else None
@@ -379,20 +388,21 @@ def in_place(runs: list, explain: list | None = None) -> Criterion:
     text = (f"{c['total'] - c['prefill']:,} one-token appends after a prefill of {c['prefill']:,} tokens at "
             f"{_layout(c)} ({_mib(probe.live_bytes)} of K/V at the end)"
             + (", stopped for their time" if stopped else "") + ": "
-            + (f"a part peaks {max(held_figure, 0.0):.2f}x the live K/V above where it ends"
+            + (f"a part peaks {max(held_figure, 0.0):.2f}x the live K (or V) above where it ends"
                if held_figure is not None else "no memory figure per part")
             + (f", an append costs {cpu_figure:.1f}x as much CPU in the last half as in the first part"
                if cpu_figure is not None else ""))
+    measured = {k: round(v, 3) for k, v in (("growth_held", held_figure), ("growth_cpu", cpu_figure)) if v is not None}
     if held_figure is None and cpu_figure is None:
         return Criterion(cid, "error", text + ": no figure to judge by" + (f" ({why})" if why else ""))
     if (held_figure is not None and BOUNDS["growth_held"].crossed(held_figure)) or \
             (cpu_figure is not None and BOUNDS["growth_cpu"].crossed(cpu_figure)):
         extra = "; ".join(explain or [])
         return Criterion(cid, "fail", text + ": the cache is copied as it grows" + (f"; {extra}" if extra else ""),
-                         mistakes=["concat_growth"])
+                         mistakes=["concat_growth"], figures=measured)
     if stopped:
         return Criterion(cid, "error", f"the growth probe: {why}")
-    return Criterion(cid, "pass", text)
+    return Criterion(cid, "pass", text, figures=measured)
 
 
 def overflow(probe) -> Criterion:
@@ -531,13 +541,14 @@ def live_length(small: list, large: list, check_output: bool = True, appends_cop
     text = (f"{p_small.config['decodes'] - 2} decode steps at {p_small.config['live']:,} live tokens, "
             f"{_layout(p_small.config)}: {s_large * 1e3:.0f} ms CPU in a {factor:.1f}x larger reservation vs "
             f"{s_small * 1e3:.0f} ms ({ratio:.1f}x; making the cache is not in either)")
+    measured = {"scan": round(ratio, 3)}
     if not BOUNDS["scan"].crossed(ratio):
-        return Criterion(cid, "pass", text)
+        return Criterion(cid, "pass", text, figures=measured)
     if appends_copy:
         return Criterion(cid, "error", text + ": not judged, as the appends copy the cache (see the in-place "
                          "criterion) and each step appends a token, a scan of max_len by the attention cannot be "
-                         "timed apart")
-    return Criterion(cid, "fail", text + ": attention scans max_len", mistakes=["max_len_scan"])
+                         "timed apart", figures=measured)
+    return Criterion(cid, "fail", text + ": attention scans max_len", mistakes=["max_len_scan"], figures=measured)
 
 
 def cost_model(probe, expected: dict) -> Criterion:

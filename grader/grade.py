@@ -516,8 +516,11 @@ def _evaluate(name, options, level, started, plan, sessions, answer, comparison,
     notes += criteria_mod.input_errors(answer.get("errors"))
     for crit in criteria.values():
         notes += crit.notes
-    return build_report(name, options, criteria, named, port_named, notes, level, started,
-                        diagnose.smallest_failing(comparison), diagnosis)
+    report = build_report(name, options, criteria, named, port_named, notes, level, started,
+                          diagnose.smallest_failing(comparison), diagnosis)
+    report["probes"] = probes_mod.describe(plan.probes)  # what the seed drew: layouts, dtypes, sizes
+    report["figures"] = {k: v for c in criteria.values() if c.id != "torch_port" for k, v in c.figures.items()}
+    return report
 
 
 def _scaled_points(points: dict, total: float) -> dict:
