@@ -90,12 +90,17 @@ def probes(seed: int) -> list[Probe]:
     """The probe tasks of ``seed``: layouts, dtypes, lengths and reservations drawn from ``CHECKPOINTS``."""
     rng = np.random.default_rng([seed, 21])
     out = []
-    # Memory: three layouts of three different KV-head counts, each beside its twin at G = 1.
+    # Memory: three layouts of three different KV-head counts, each beside its twin at G = 1; among them both
+    # dtypes and both head sizes, so that code honest at one dtype or head size only is measured elsewhere too.
     counts = sorted({hkv for _, _, hkv, _ in CHECKPOINTS})
-    for Hkv in rng.choice(counts, size=3, replace=False):
-        choices = [c for c in CHECKPOINTS if c[2] == Hkv]
-        name, Hq, Hkv, d = choices[int(rng.integers(len(choices)))]
-        dtype = DTYPES[int(rng.integers(2))]
+    drawn = [CHECKPOINTS[int(rng.choice([i for i, c in enumerate(CHECKPOINTS) if c[2] == Hkv]))]
+             for Hkv in rng.choice(counts, size=3, replace=False)]
+    if all(d == 128 for *_, d in drawn):  # one of them at d = 64, of the same KV-head count
+        j = next(j for j, c in enumerate(drawn) if any(o[2] == c[2] and o[3] == 64 for o in CHECKPOINTS))
+        drawn[j] = next(o for o in CHECKPOINTS if o[2] == drawn[j][2] and o[3] == 64)
+    dtypes = [DTYPES[0], DTYPES[1], DTYPES[int(rng.integers(2))]]
+    rng.shuffle(dtypes)
+    for (name, Hq, Hkv, d), dtype in zip(drawn, dtypes):
         live = _tokens(rng.uniform(8, 16) * MIB, Hkv, d, dtype, 1024, 4096)
         chunk = max(2, d // 32)  # few queries beside d: their scores stay small beside the K/V they read
         prompt_T = chunk

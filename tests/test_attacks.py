@@ -620,6 +620,12 @@ CASES = {
                              "control_repeat"),
     "repeat_unless_old_probe_shapes": ({"kv_cache.py": weak(
         when="not (cache.k.shape[3] in (32, 48, 64) and 3200 <= cache.k.shape[2] < 5000)")}, "control_repeat"),
+    # Honest only at the shapes the probes once used alone (8 KV heads, a reservation of 1,024 tokens or more),
+    # or only at one head size and dtype: the probes' layouts are drawn per seed, among them others.
+    "repeat_unless_probe_layout": ({"kv_cache.py": weak(
+        when="not (cache.k.shape[1] == 8 and cache.k.shape[2] >= 1024)")}, "control_repeat"),
+    "repeat_unless_head_dim_128_float32": ({"kv_cache.py": weak(
+        when="not (cache.k.shape[3] == 128 and cache.k.dtype == np.float32)")}, "control_repeat"),
     "repeat_under_frozen_name": ({"kv_cache.py": BASE + "\nexec(compile(" + repr(REPEAT.format(
         when="True", store="(lambda a: a)")) + ", '<frozen importlib._bootstrap>', 'exec'))\n"}, "control_repeat"),
     "repeat_into_a_workspace_for_every_head": ({"kv_cache.py": BASE + WORKSPACE_REPEAT}, "control_repeat"),
@@ -895,6 +901,25 @@ def _failed_naming(report, criterion, mistake):
     crit = {c["id"]: c for c in report["criteria"]}[criterion]
     assert crit["status"] == "fail" and mistake in report["mistakes"], crit
     assert report["tier"] == "Weak"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [3, 101, 202, 303, 404])
+def test_code_honest_only_at_some_layouts_is_caught_under_every_seed(tmp_path, seed):
+    """Each seed draws the probes' layouts, dtypes and reservations anew: a repeat everywhere but at one
+    family of shapes is measured at the others, and named, whatever the seed."""
+    paths = []
+    for case in ("repeat_unless_probe_layout", "repeat_unless_head_dim_128_float32"):
+        _write(str(tmp_path / case), CASES[case][0])
+        paths.append(str(tmp_path / case))
+    out = tmp_path / "reports.json"
+    done = subprocess.run([sys.executable, "-m", "grader", *paths, "--json", str(out), "--quiet", "--jobs", "2",
+                           "--trials", "20", "--seed", str(seed)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for report in json.loads(out.read_text()):
+        assert (report["tier"], report["mistakes"]) == ("Weak", ["kv_repeat"]), (seed, report["submission"],
+                                                                               report["tier_reason"])
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "catalogue", "examples")
 with open(os.path.join(ROOT, "docs", "report.schema.json")) as f:
     REPORT_SCHEMA = json.load(f)
+from test_bounds import margin_violations  # noqa: E402
 from conftest import (EXAMPLE_CORE, EXAMPLE_VARIANTS, EXAMPLES_SEED as SEED, EXAMPLES_TRIALS,  # noqa: E402
                       EXPECTED, example_split)  # how tests/conftest.py grades the examples
 
@@ -77,6 +78,17 @@ def test_variant_example_gets_its_tier_and_exactly_its_mistakes(variant_reports,
     assert sorted(reports) == sorted(EXAMPLE_VARIANTS)
     assert not [entry for entry in os.listdir(tmp) if entry.startswith("kvkit-")], os.listdir(tmp)
     _has_its_verdict(reports, name)
+
+
+def test_every_figure_stays_on_its_side_by_its_margin(example_reports):
+    """The core examples' figures, each on its side of its bound by the bound's margin (grader/bounds.py)."""
+    reports, _, _ = example_reports
+    close = {}
+    for name, report in reports.items():
+        want = EXPECTED[name]
+        numpy_mistakes = set(want["mistakes"]) - set(want.get("port_mistakes", []))
+        close.update({name: v for v in [margin_violations(report, numpy_mistakes)] if v})
+    assert not close, close
 
 
 def test_reports_follow_the_stable_schema(example_reports):
@@ -240,13 +252,16 @@ def test_verdicts_do_not_change_with_the_seed(seed, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     reports = json.loads(out.read_text())
     assert sorted(r["submission"] for r in reports) == sorted(EXPECTED)
-    changed = {}
+    changed, close = {}, {}
     for report in reports:
         want = EXPECTED[report["submission"]]
         got = (report["tier"], sorted(report["mistakes"]), sorted(report["port_mistakes"]))
         if got != (want["tier"], sorted(want["mistakes"]), sorted(want.get("port_mistakes", []))):
             changed[report["submission"]] = (got, report["tier_reason"])
+        numpy_mistakes = set(want["mistakes"]) - set(want.get("port_mistakes", []))
+        close.update({report["submission"]: v for v in [margin_violations(report, numpy_mistakes)] if v})
     assert not changed, changed
+    assert not close, close  # every figure on its side of each bound by the bound's margin (tests/test_bounds.py)
 
 
 def test_a_closed_pipe_loses_no_report_file(tmp_path):

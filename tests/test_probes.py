@@ -81,6 +81,7 @@ def test_layouts_are_drawn_per_seed_from_real_checkpoints():
         memory = [p for p in plan if p.purpose == "memory"]
         layouts = [p for p in memory if not p.twin_of]
         assert len(layouts) == 3 and len({p.config["Hkv"] for p in layouts}) == 3
+        assert {p.config["dtype"] for p in layouts} == set(probes.DTYPES) and 64 in {p.config["d"] for p in layouts}
         for p in plan:
             c = p.config
             if not p.twin_of:
