@@ -3,7 +3,7 @@
 They run inside the process of the code they measure, so they can explain a
 finding (which op, how many bytes) but never decide a grade of untrusted code:
 the grader measures submissions from outside their process (``grader.run``).
-Thresholds are the grader's (``grader.criteria``).
+Thresholds are the grader's (``grader.bounds``).
 """
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ import os
 
 import tracemalloc
 
-from grader.criteria import GROWTH_FRACTION, REPEAT_FACTOR, Criterion
+from grader.bounds import BOUNDS
+from grader.criteria import Criterion
+
+GROWTH_FRACTION = BOUNDS["growth_held"].limit  # of the live K/V one append may allocate: a copy is all of it
+REPEAT_FACTOR = BOUNDS["repeat_per_head"].limit  # of G x the live K/V a decode may allocate: a repeat is G
 
 
 def _error(cid: str, probe) -> Criterion:

@@ -104,7 +104,7 @@ def probes(seed: int) -> list[Probe]:
         live = _tokens(rng.uniform(8, 16) * MIB, Hkv, d, dtype, 1024, 4096)
         chunk = max(2, d // 32)  # few queries beside d: their scores stay small beside the K/V they read
         prompt_T = chunk
-        prompt_B = int(min(max(rng.uniform(4, 8) * MIB / (2 * Hkv * prompt_T * d * ITEM[dtype]), 32), 512))
+        prompt_B = int(min(max(rng.uniform(2, 4) * MIB / (2 * Hkv * prompt_T * d * ITEM[dtype]), 32), 512))
         max_len = int((live + chunk) * rng.uniform(1.02, 1.5)) + 8
         base = {"purpose": "memory", "Hkv": int(Hkv), "d": d, "dtype": dtype, "live": live, "chunk": chunk,
                 "prompt_B": prompt_B, "prompt_T": prompt_T, "max_len": max_len, "seed": int(rng.integers(2**31))}
