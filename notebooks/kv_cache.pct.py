@@ -856,9 +856,7 @@ import torch
 device = "cuda" if torch.cuda.is_available() else "cpu"
 
 # %% nbgrader={"grade": false, "grade_id": "torch_ops_demo", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from grader.meters import op_watch
-
-OpWatch = op_watch()  # the kit's one op recorder (the grader's and the learner's step 6 use it too)
+from kv_helpers.opwatch import OpWatch  # the kit's op recorder (the grader's and the learner's step 6 use it too)
 
 
 B_, HKV_, G_, T_, S_, D_ = 1, 2, 4, 1, 512, 64
@@ -1137,13 +1135,13 @@ if __name__ == "__main__":  # here in the notebook; `kvkit grade` imports this c
     print("your implementation passes your check")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "own_mutants_md", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# Now the other way round: does your check fail when the code is wrong? `catalogue.mutants.plant`
-# takes your implementation and plants one known mistake around it (the kit's catalogue of the
-# mistakes people make with this exercise). A good check catches all of them; it must catch
-# `chunk_local_mask`.
+# Now the other way round: does your check fail when the code is wrong? `kv_helpers.mutants.plant`
+# (released with this notebook, in `kv_helpers/`) takes your implementation and plants one known
+# mistake around it (the kit's catalogue of the mistakes people make with this exercise). A good
+# check catches all of them; it must catch `chunk_local_mask`.
 
 # %% nbgrader={"grade": false, "grade_id": "own_mutants", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from catalogue.mutants import PLANTED, kill_matrix, plant
+from kv_helpers.mutants import PLANTED, kill_matrix, plant
 
 outcomes = {}  # as pytest's exit codes: 1 caught (your check failed), 0 missed, None broke
 for mistake in PLANTED:
@@ -1160,7 +1158,7 @@ matrix = kill_matrix(outcomes)
 print(matrix["summary"])
 
 # %% nbgrader={"grade": true, "grade_id": "test_own_check", "locked": true, "points": 7, "schema_version": 3, "solution": false, "task": false} kvkit={"criteria": ["own_tests"]}
-from catalogue.mutants import plant
+from kv_helpers.mutants import plant
 
 try:
     with quietly():
@@ -1171,7 +1169,9 @@ else:
     raise AssertionError("your check passes a chunk-local mask: feed it chunks after cached tokens (1 < T < S)")
 ### BEGIN HIDDEN TESTS
 # The check itself is graded, on the kit's reference implementation: it must pass there and catch the
-# chunk-local mask planted around it, whatever the state of the code above.
+# chunk-local mask planted around it, whatever the state of the code above. The kit's own mutants, not
+# the copy beside the notebook (nbgrader puts the released one back, but a grader takes no chances).
+from catalogue.mutants import plant
 from solutions.kv_cache import KVCache as ReferenceCache, gqa_attention as reference_gqa
 
 check_against_reference(ReferenceCache, reference_gqa, seed=1)

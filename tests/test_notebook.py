@@ -41,6 +41,11 @@ ASSIGNMENT = NOTEBOOK = "kv_cache"
 TEXT = COURSE / "kv_cache.pct.py"
 SOURCE = COURSE / "source" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
 REBUILD = ".venv/bin/jupytext --update --to ipynb -o notebooks/source/kv_cache/kv_cache.ipynb notebooks/kv_cache.pct.py"
+# What nbgrader releases beside the notebook (every other file of source/kv_cache/): the student's environment.
+# The helpers are links to the kit's own files, so the released copies are never stale.
+HELPERS = {"kv_helpers/mutants.py": ROOT / "catalogue" / "mutants.py",
+           "kv_helpers/opwatch.py": ROOT / "exercises" / "tests" / "opwatch.py"}
+RELEASED = {f"{NOTEBOOK}.ipynb", "requirements.txt", "kv_helpers/__init__.py", *HELPERS}
 
 # The file of solutions/ whose definitions each hand-back role's cells hold (own tests have none there).
 SOLUTION_FILES = {"implementation": "kv_cache.py", "cost": "cost.py", "port": "kv_cache_torch.py"}
@@ -100,10 +105,12 @@ def test_the_ipynb_is_what_jupytext_makes_of_the_text_file():
     assert cells(made) == cells(committed), f"{SOURCE.relative_to(ROOT)} is stale: run {REBUILD}"
     assert made.metadata.kernelspec == committed.metadata.kernelspec
     # nbgrader copies every other file of source/kv_cache/ into the student version (but what it ignores:
-    # checkpoints, caches): the text, with its solutions and hidden tests, must live outside it.
-    others = [p.name for p in SOURCE.parent.iterdir() if p.name != SOURCE.name
-              and not p.name.startswith(".") and p.name != "__pycache__"]
-    assert others == [], f"source/{ASSIGNMENT}/ would release {others} to students"
+    # checkpoints, caches): the text, with its solutions and hidden tests, must live outside it, and only
+    # the student's environment lies beside the notebook.
+    files = {str(p.relative_to(SOURCE.parent)) for p in SOURCE.parent.rglob("*")
+             if (p.is_file() or p.is_symlink()) and "__pycache__" not in p.parts
+             and not any(part.startswith(".") for part in p.relative_to(SOURCE.parent).parts)}
+    assert files == RELEASED, f"source/{ASSIGNMENT}/ would release {sorted(files - RELEASED)} to students"
 
 
 def test_nbgrader_metadata():
@@ -136,6 +143,59 @@ def test_nbgrader_metadata():
     assert called and called <= set(NAMES), f"hidden tests call checks grader.checks lacks: {called - set(NAMES)}"
     assert {"cost", "kv_cache", "group_queries", "visible_keys", "softmax_visible", "gqa_attention", "torch_port",
             "own_check"} <= set(solutions)
+
+
+# ------------------------------------------------------------ the student's environment
+
+
+def _visible_code(cell) -> str:
+    """What a student's copy of a code cell runs: the hidden tests and the answers left out."""
+    source = cell.source.split("### BEGIN HIDDEN TESTS")[0]
+    return re.sub(r"### BEGIN SOLUTION.*?### END SOLUTION", "raise NotImplementedError()", source, flags=re.S)
+
+
+def _requirements() -> dict:
+    lines = (SOURCE.parent / "requirements.txt").read_text().splitlines()
+    return dict(line.split("==") for line in (x.strip() for x in lines) if line and not line.startswith("#"))
+
+
+def test_every_import_of_the_visible_cells_comes_with_the_assignment():
+    """The standard library, the packages of the released requirements.txt, or the helpers released beside
+    the notebook: never the kit itself (grader, catalogue, solutions), which students do not get."""
+    packages = {name.lower() for name in _requirements()}
+    helpers = {"kv_helpers"} | {f"kv_helpers.{Path(rel).stem}" for rel in HELPERS}
+    imported = set()
+    for cell in _notebook().cells:
+        if cell.cell_type != "code":
+            continue
+        for node in ast.walk(ast.parse(_visible_code(cell))):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module)
+    assert {"kv_helpers.mutants", "kv_helpers.opwatch", "numpy", "torch"} <= imported, imported
+    outside = {name for name in imported if name.split(".")[0] not in sys.stdlib_module_names
+               and name.split(".")[0] not in packages and name not in helpers}
+    assert not outside, f"visible cells import {sorted(outside)}, which do not come with the assignment"
+
+
+def test_the_released_helpers_are_the_kits_files_and_hold_no_answer():
+    for rel, original in HELPERS.items():
+        released = SOURCE.parent / rel
+        assert released.read_bytes() == original.read_bytes(), f"{rel} is not {original.relative_to(ROOT)}"
+        text = released.read_text()
+        assert "import grader" not in text and "from solutions" not in text and "import solutions" not in text
+
+
+def test_the_student_requirements_pin_what_the_kit_pins():
+    pinned = dict(re.match(r"([A-Za-z0-9_.-]+)==([^\s;]+)", dep).groups()
+                  for dep in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+                  if "==" in dep)
+    wanted = _requirements()
+    assert {"numpy", "matplotlib", "torch", "ipykernel"} <= set(wanted), wanted
+    for name, version in wanted.items():
+        if name in pinned:
+            assert version == pinned[name], f"requirements.txt pins {name}=={version}, the kit {pinned[name]}"
 
 
 # ------------------------------------------------------------ points from the rubric
@@ -350,7 +410,10 @@ def test_nbgrader_generate_and_autograde(tmp_path):
     assert all(not c.get("outputs") for c in release.cells if c.cell_type == "code")
     source_markers = {_grade_id(c): _kvkit(c) for c in _notebook().cells}
     assert {_grade_id(c): _kvkit(c) for c in release.cells} == source_markers
-    assert sorted(p.name for p in (course_dir / "release" / ASSIGNMENT).iterdir()) == [f"{NOTEBOOK}.ipynb"]
+    released = course_dir / "release" / ASSIGNMENT
+    assert {str(p.relative_to(released)) for p in released.rglob("*") if p.is_file()} == RELEASED
+    for rel, original in HELPERS.items():  # copies, not links
+        assert not (released / rel).is_symlink() and (released / rel).read_bytes() == original.read_bytes(), rel
 
     # One autograde run (nbgrader grades students one after the other) for the four submissions.
     _submit(course_dir, "solved", _notebook())

@@ -1,0 +1,1 @@
+../../../../catalogue/mutants.py
