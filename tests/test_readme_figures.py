@@ -1,0 +1,55 @@
+"""The figures README.md quotes about the learner's path and the classroom come from the code.
+
+A count is checked against what it counts (the steps in exercises/steps.toml, the
+notebook's graded cells); a timing names the command that measures it (``kvkit
+bench --only progress``), which must exist, and stays within that command's target.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+
+from benchmarks import bench
+from kvkit import progress
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+WORDS = {"five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def section(title: str) -> str:
+    """The README's section under the heading ``## {title}``, up to the next one."""
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", README, flags=re.S | re.M)
+    assert match, f"README.md has no section '## {title}'"
+    return flat(match[1])
+
+
+def test_the_step_count_is_the_steps_tomls():
+    match = re.search(r"and (\w+) step tests run in order", section("Learning: `kvkit progress`"))
+    assert match, "the learner's section no longer says how many step tests there are"
+    assert WORDS[match[1]] == len(progress.load_steps(ROOT / "exercises"))
+
+
+def test_the_graded_requirement_count_is_the_notebooks():
+    match = re.search(r"It autogrades (\d+) requirements", section("Classroom: the nbgrader notebook"))
+    assert match, "the classroom section no longer says how many requirements the notebook grades"
+    nb = nbformat.read(ROOT / "notebooks" / "source" / "kv_cache" / "kv_cache.ipynb", as_version=4)
+    graded = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert int(match[1]) == len(graded)
+
+
+def test_the_progress_timings_name_the_command_that_measures_them_and_meet_its_target():
+    text = section("Learning: `kvkit progress`")
+    match = re.search(r"The first failing check came in ([\d.]+) s on step 1 and ([\d.]+) s on step 2 "
+                      r"\(`kvkit bench --only progress`: the slowest of (\d+) runs, ([^)]+)\)", text)
+    assert match, "the learner's section quotes no measured time to the first message, or not its command"
+    assert "progress" in bench.FIGURES
+    op, limit, _ = bench.TARGETS["progress_first_message_s"]
+    assert op == "<=" and float(match[1]) <= limit and float(match[2]) <= limit, match[0]
+    assert int(match[3]) == bench.settings(quick=False)["progress_rounds"]
