@@ -10,10 +10,10 @@ in plain words.
     kvkit hint [--dir DIR] [--step N]        the next hint for the current step, one at a time
 
 It answers at the speed of a save. The current step (the one the last run
-stopped at, remembered in ``.kvkit-hints.json``) runs first, alone, and its
-failure is printed as soon as it is known; then the steps before it are
-checked again, and a step after it runs only when every step it builds on
-(``needs`` in steps.toml) passes. One check that does not return within
+stopped at, remembered in ``.kvkit-hints.json``) runs first, alone, and while
+it passes so does each next step; the first failure is printed as soon as it
+is known. Then the steps before it are checked again, and a step after it
+runs only when every step it builds on (``needs`` in steps.toml) passes. One check that does not return within
 ``--timeout`` seconds (10; ``$KVKIT_CHECK_TIMEOUT``) fails its step with the
 function it called and the line it was stuck on (the step tests'
 stepkit.watch interrupts it; see ``run_step`` for the backstops), and stops
@@ -365,10 +365,11 @@ def run_all(steps: list[Step], folder: Path, jobs: int | None = None, impl: Path
     """Every step's result, in step order: the current step first, alone, then the rest side by side.
 
     ``first`` is the step to run first (the one the last run stopped at; the
-    first step when None or unknown). It runs alone, so its answer comes as
-    soon as one step's tests can give it. Then the steps before it run again
-    (they passed last time; a change may have broken one) and the steps after
-    it, up to ``jobs`` at a time, in step order. A step starts once every step
+    first step when None or unknown). It runs alone, and while it passes so
+    does each next step in order, so the first failure comes as soon as one
+    step's tests can give it. Then the steps before ``first`` run again (they
+    passed last time; a change may have broken one) and the steps left after
+    the failure, up to ``jobs`` at a time, in step order. A step starts once every step
     it builds on (its ``needs``, and theirs) has passed in this run; one of
     them that fails or gets stuck keeps it from starting (or stops it): a
     failing or stuck step holds back only the steps that build on it. The
@@ -442,8 +443,13 @@ def run_all(steps: list[Step], folder: Path, jobs: int | None = None, impl: Path
             return all(n in results or n in trusted for n in needs[step.number])
 
     try:
-        run_one(steps[head])
-        waiting_list = [s for i, s in enumerate(steps) if i != head]
+        # The current step, and while each passes the next: alone, so the next failure comes as soon as one
+        # step's tests can give it.
+        for step in steps[head:]:
+            run_one(step)
+            if results[step.number].status != "done" or halted():
+                break
+        waiting_list = [s for s in steps if s.number not in results]
         running: dict = {}
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             try:
