@@ -110,6 +110,7 @@ class StepVerdict:
     dtype_ok: bool = True
     buffers_moved: bool = False  # the cache's k/v were other objects after this step's append
     chunk_after_prefix: bool = False  # some row appends 2+ tokens after cached tokens (a refusable call)
+    wide_after_prefix: bool = False  # T > 1 and some row that holds tokens gets one or more: a call with T < S
 
 
 @dataclass
@@ -147,6 +148,7 @@ def compare(trials: list[Trial], records: list, outputs: list, expected: list) -
             if not step.overflow:
                 # A chunk for some row: more than one token to a row that holds tokens already.
                 verdict.chunk_after_prefix = bool(((lens > 0) & (step.n_new > 1)).any())
+                verdict.wide_after_prefix = step.q.shape[2] > 1 and bool(((lens > 0) & (step.n_new > 0)).any())
                 lens = lens + step.n_new
             result.steps.append(verdict)
             record = steps_rec[i] if i < len(steps_rec) else None

@@ -38,7 +38,8 @@ def _where(step: StepVerdict) -> str:
     return f"step {step.index + 1} of trial '{step.trial.name}' ({step.trial.describe()})"
 
 
-def _refused(step: StepVerdict) -> bool:
+def refused_clearly(step: StepVerdict) -> bool:
+    """Whether ``step`` raised a clear error (ValueError, TypeError or NotImplementedError): a refusal."""
     return step.status == "raised" and bool(step.error and step.error.get("value_error")) \
         or (step.status == "raised" and (step.error or {}).get("type") == "NotImplementedError")
 
@@ -62,7 +63,7 @@ def correctness(cid: str, steps: list[StepVerdict], what: str, refusable: list[S
         return Criterion(cid, "pass", f"{len(steps)} {what} steps match the direct reference (max error {worst:.1e})")
     failing = [s for s in steps if s.status != "ok"]
     ran = [s for s in refusable or [] if s.status != "not_run"]
-    if refusable is not None and ran and all(_refused(s) for s in failing) and all(_refused(s) for s in ran):
+    if refusable is not None and ran and all(refused_clearly(s) for s in failing) and all(refused_clearly(s) for s in ran):
         # Charged once: the other checks are judged on the calls the refusal does not touch.
         return Criterion(cid, "not_attempted",
                          f"{what} refused with a clear error, charged here only ({bad.error.get('type')}: "
@@ -388,9 +389,11 @@ def in_place(runs: list, explain: list | None = None) -> Criterion:
     text = (f"{c['total'] - c['prefill']:,} one-token appends after a prefill of {c['prefill']:,} tokens at "
             f"{_layout(c)} ({_mib(probe.live_bytes)} of K/V at the end)"
             + (", stopped for their time" if stopped else "") + ": "
-            + (f"a part peaks {max(held_figure, 0.0):.2f}x the live K (or V) above where it ends"
-               if held_figure is not None else "no memory figure per part")
-            + (f", an append costs {cpu_figure:.1f}x as much CPU in the last half as in the first part"
+            + (f"within a stretch of {c['every']:,} appends, memory rose at most {max(held_figure, 0.0):.2f}x the live "
+               f"K (or V) above where the stretch ended (an old buffer held beside its copy is 1x or more)"
+               if held_figure is not None else "no memory figure per stretch of appends")
+            + (f"; an append cost {cpu_figure:.1f}x as much CPU in the last half of the appends as in the first "
+               f"stretch (a copy on every append costs in proportion to the length)"
                if cpu_figure is not None else ""))
     measured = {k: round(v, 3) for k, v in (("growth_held", held_figure), ("growth_cpu", cpu_figure)) if v is not None}
     if held_figure is None and cpu_figure is None:

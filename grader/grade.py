@@ -82,8 +82,10 @@ def _correctness_criteria(comparison, outputs_by_trial) -> dict:
         refused = c.get("chunked_prefill") is not None and c["chunked_prefill"].status == "not_attempted"
         if cid == "ragged_rows" and refused:
             # A refusal is charged once, to chunked prefill: ragged rows are judged on the calls it does
-            # not touch (ragged prefill into empty rows, decode, zero-token rows, padded slots).
-            steps = [s for s in steps if not s.chunk_after_prefix]
+            # not touch (ragged prefill into empty rows, decode, zero-token rows, padded slots). It may be
+            # keyed on the call's width: a call of T > 1 after cached tokens is T < S, padded or not.
+            steps = [s for s in steps if not s.chunk_after_prefix
+                     and not (s.wide_after_prefix and criteria_mod.refused_clearly(s))]
         c[cid] = criteria_mod.correctness(cid, steps, criteria_mod.WHAT[kind],
                                           refusable=refusable if may_refuse else None)
         if cid == "ragged_rows" and refused and c[cid].status != "error":

@@ -119,12 +119,12 @@ class OracleCache:
         Raises:
             ValueError: a row would pass ``max_len``; then nothing is written.
         """
-        n_new = np.asarray(n_new, dtype=np.int64)
-        end = self.lens + n_new
+        counts = np.asarray(n_new).astype(np.int64)
+        end = self.lens + counts
         if np.any(end > self.k.shape[2]):
             raise ValueError(f"append would overflow: lens + n_new = {end.tolist()} > max_len = {self.k.shape[2]}")
-        for b in range(len(n_new)):
-            for t in range(int(n_new[b])):
+        for b in range(len(counts)):
+            for t in range(int(counts[b])):
                 self.k[b, :, int(self.lens[b]) + t] = k_new[b, :, t]
                 self.v[b, :, int(self.lens[b]) + t] = v_new[b, :, t]
         self.lens = end

@@ -115,6 +115,9 @@ class Rubric:
                           if spec["tier"] == "Strong Hire" and statuses.get(c) != "pass"]
         tier, reason = ("Hire", f"not every Strong Hire check passes: {parts(missing_strong)}") if missing_strong \
             else ("Strong Hire", "every check that decides the tier passes")
+        reported = [m for m in numpy_mistakes if m not in self.weak_mistakes]
+        if tier == "Strong Hire" and reported:  # a performance finding (max_len_scan): said, never a tier
+            reason += f"; {', '.join(reported)} is reported and decides no tier"
         capping = list(port_mistakes)
         if capping:
             cap = f"port: {', '.join(capping)} (caps the tier at {self.port_mistake_cap})"

@@ -53,6 +53,9 @@ class SubmissionError(ValueError):
 
 # The contract's own module names: never a shadow, whatever is installed.
 CONTRACT_MODULES = {"kv_cache", "kv_cache_torch", "cost", "conftest", "tests"}
+# The kit's own packages: the grading environment has them, and hides them from the sandbox on purpose, so a
+# submission that imports one fails as any crash does (a grade), never as a module to install.
+KIT_PACKAGES = {"kvkit", "grader", "solutions", "catalogue", "exercises", "benchmarks"}
 
 
 def shadowing(files: list[str], installed: set[str]) -> list[str]:
@@ -770,7 +773,7 @@ def missing_module(import_error, workdir: str, files: list[str], installed) -> s
         return None
     top = found[1]
     own = {rel.replace(os.sep, "/").split("/")[0].removesuffix(".py") for rel in files}
-    if top in installed or top in own or top in CONTRACT_MODULES:
+    if top in installed or top in own or top in CONTRACT_MODULES or top in KIT_PACKAGES:
         return None
     importers = []
     for rel in sorted(files):

@@ -147,7 +147,7 @@ def test_same_seed_same_report_but_timings(example_reports, tmp_path):
         # suite's (-n 2, each grading --jobs 2) a measured criterion can cross its margin: everything else,
         # the tier included, must be the same to the letter.
         report["criteria"] = [c for c in report["criteria"] if c["id"] not in MEASURED]
-        for key in ("mistakes", "numpy_mistakes", "mistake_evidence", "follow_ups", "score", "tier_reason"):
+        for key in ("mistakes", "numpy_mistakes", "mistake_evidence", "follow_ups", "score", "tier_reason", "figures"):
             report.pop(key, None)
         return report
 

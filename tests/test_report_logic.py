@@ -677,3 +677,14 @@ def test_the_terminal_marks_a_check_that_could_not_be_measured_as_not_measured()
     report.print_report(r, console, RUBRIC)
     row = next(line for line in console.file.getvalue().splitlines() if "live length" in line)
     assert row.lstrip().startswith("not measured") and "ERR" not in row, row
+
+
+def test_a_performance_finding_beside_strong_hire_is_said_to_decide_no_tier():
+    """max_len_scan named beside every check passing: Strong Hire, and the reason says the finding is reported
+    and decides no tier (a hiring manager read 'every check passes' beside a named mistake as a contradiction)."""
+    crits = decided({"live_length": ("fail", "attention scans max_len")})
+    crits["live_length"].mistakes = ["max_len_scan"]
+    report = built(crits, named={"max_len_scan": "scan"})
+    assert report["tier"] == "Strong Hire"
+    assert "max_len_scan is reported and decides no tier" in report["tier_reason"], report["tier_reason"]
+    assert "decides no tier" not in built(decided())["tier_reason"]
