@@ -112,6 +112,23 @@ def test_ragged_rows_are_judged_on_the_calls_a_refusal_does_not_touch():
     assert crits["chunked_prefill"].status == "fail" and crits["ragged_rows"].status == "fail"
 
 
+def test_a_refusal_keyed_on_the_calls_width_is_charged_once_too():
+    """A refusal of every call with T > 1 after cached tokens also refuses a padded one that gives a row a
+    single token (T < S all the same): that call is the refusal's, not a ragged-rows failure; a call of
+    that width answered wrong still counts."""
+    trial = suite.Trial("t", "targeted", 2, 1, 1, 2, 16)
+    steps = [_verdict(trial, 0, "decode", "ok", False), _verdict(trial, 1, "full_prefill", "ok", False),
+             _verdict(trial, 2, "chunked_prefill", "raised", True),
+             _verdict(trial, 3, "ragged", "raised", False),  # T = 2, n_new = [1, 0] onto cached rows: refused
+             _verdict(trial, 4, "ragged", "ok", False)]
+    steps[3].wide_after_prefix = True
+    crits = grade._correctness_criteria(Comparison(steps), {})
+    assert crits["chunked_prefill"].status == "not_attempted" and crits["ragged_rows"].status == "pass", \
+        crits["ragged_rows"].evidence
+    steps[3].status, steps[3].error = "wrong", None
+    assert grade._correctness_criteria(Comparison(steps), {})["ragged_rows"].status == "fail"
+
+
 @pytest.mark.parametrize("name", ["hire_refuses_chunks", "refuses_chunks_with_port"])
 def test_a_refusal_of_chunks_fails_nothing_else(name):
     """ValueError or NotImplementedError before the cache is touched: chunked prefill is not attempted, and
