@@ -46,7 +46,8 @@
 # | --- | --- | --- |
 # | the cache is allocated once and written in place at each row's length | `test_in_place` | `preallocated_in_place` |
 # | an append past `max_len` raises `ValueError` and changes nothing | `test_overflow` | `overflow_atomic` |
-# | query head `h` reads KV head `h // G`, with no copy of K/V per query head | `test_head_mapping` | `head_mapping`, `no_kv_repeat` |
+# | query head `h` reads KV head `h // G` | `test_head_mapping` | `head_mapping` |
+# | no copy of K/V per query head | `test_no_kv_repeat` | `no_kv_repeat` |
 # | decode (T = 1) | `test_decode` | `decode` |
 # | full prefill (T = S) | `test_full_prefill` | `full_prefill` |
 # | chunked prefill (1 < T < S): the offset mask | `test_chunked_prefill` | `chunked_prefill` |
@@ -515,7 +516,7 @@ def history(rows, chunks, Hkv=2, G=2, d=4, seed=2):
     return calls
 
 
-# %% nbgrader={"grade": true, "grade_id": "test_head_mapping", "locked": true, "points": 20, "schema_version": 3, "solution": false, "task": false} kvkit={"criteria": ["head_mapping", "no_kv_repeat"]}
+# %% nbgrader={"grade": true, "grade_id": "test_head_mapping", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false} kvkit={"criteria": ["head_mapping"]}
 # One token per row: its only visible key is itself, so head h returns exactly v of KV head h // G.
 cache = KVCache(1, 8, 2, 4, dtype=np.float64)  # Llama 3.1 8B's layout: Hq = 32, Hkv = 8, G = 4
 v_one = rng.standard_normal((1, 8, 1, 4))
@@ -531,6 +532,29 @@ from grader.checks import check
 with quietly():
     result = check("head_mapping", KVCache, gqa_attention)
 assert result.passed, result.message
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "test_no_kv_repeat", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false} kvkit={"criteria": ["no_kv_repeat"]}
+# No copy of K or V per query head: a decode step at G = 8 over 2,048 cached tokens allocates far less
+# than the 8 copies of K (and of V) a repeat makes. tracemalloc sees NumPy's allocations.
+import tracemalloc
+
+cache = KVCache(1, 1, 2049, 64, dtype=np.float64)
+cache.append(rng.standard_normal((1, 1, 2048, 64)), rng.standard_normal((1, 1, 2048, 64)), np.array([2048]))
+cache.append(rng.standard_normal((1, 1, 1, 64)), rng.standard_normal((1, 1, 1, 64)), np.array([1]))
+live_k = cache.k[:, :, :2049].nbytes  # about 1 MiB
+tracemalloc.start()
+try:
+    with quietly():
+        gqa_attention(rng.standard_normal((1, 8, 1, 64)), cache, np.array([1]))
+    _, peak = tracemalloc.get_traced_memory()
+finally:
+    tracemalloc.stop()
+assert peak < 4 * live_k, (f"a decode step at G = 8 allocated {peak:,} B at its peak, {peak / live_k:.1f}x the live K: "
+                           f"is K or V copied out to every query head?")
+### BEGIN HIDDEN TESTS
+from grader.checks import check
+
 # No K/V copied per query head: peak bytes allocated by a decode step at G = 8 (the grader's probe).
 with quietly():
     no_repeat = check("no_kv_repeat", KVCache, gqa_attention)

@@ -208,6 +208,9 @@ def test_each_graded_cell_names_rubric_criteria_and_is_worth_their_points():
         criteria = _kvkit(cell).get("criteria")
         assert criteria and all(c in rubric.criteria for c in criteria), \
             f"{grade_id} must name criteria of grader/rubric.toml in its kvkit metadata, got {criteria!r}"
+        # One criterion per cell: a mistake loses exactly that criterion's points, as in kvkit grade (a cell
+        # of two would lose both: nbgrader scores a cell all or nothing).
+        assert len(criteria) == 1, f"{grade_id} grades {criteria}: one criterion per graded cell"
         for cid in criteria:
             assert cid not in named, f"{cid} is graded by both {named[cid]} and {grade_id}"
             named[cid] = grade_id
@@ -372,6 +375,16 @@ def _replace_answer(grade_id: str, source: str):
     return nb
 
 
+def _repeating_attention() -> str:
+    """The notebook's own gqa_attention, with K and V copied out to the G query heads of each group."""
+    (cell,) = [c for c in _notebook().cells if _grade_id(c) == "gqa_attention"]
+    source = re.sub(r"\s*### (BEGIN|END) SOLUTION", "", cell.source)
+    views = ("    k = cache.k[:, :, None, :S]\n    v = cache.v[:, :, None, :S]\n")
+    assert views in source
+    return source.replace(views, "    k = np.repeat(cache.k[:, :, None, :S], qg.shape[2], axis=2)\n"
+                                 "    v = np.repeat(cache.v[:, :, None, :S], qg.shape[2], axis=2)\n")
+
+
 def _scores(course_dir: Path, student: str) -> dict:
     """``{grade_id: (score, max_score)}`` for one submission, from the gradebook."""
     from nbgrader.api import Gradebook
@@ -389,7 +402,7 @@ def _errors(course_dir: Path, student: str) -> list:
 
 @pytest.mark.slow
 def test_nbgrader_generate_and_autograde(tmp_path):
-    """generate_assignment, then one autograde of four submissions, scored from the gradebook."""
+    """generate_assignment, then one autograde of five submissions, scored from the gradebook."""
     course_dir = tmp_path / "course"
     course_dir.mkdir()
     shutil.copy(COURSE / "nbgrader_config.py", course_dir)
@@ -415,11 +428,12 @@ def test_nbgrader_generate_and_autograde(tmp_path):
     for rel, original in HELPERS.items():  # copies, not links
         assert not (released / rel).is_symlink() and (released / rel).read_bytes() == original.read_bytes(), rel
 
-    # One autograde run (nbgrader grades students one after the other) for the four submissions.
+    # One autograde run (nbgrader grades students one after the other) for the five submissions.
     _submit(course_dir, "solved", _notebook())
     _submit(course_dir, "blank", release)
     _submit(course_dir, "chunk_local", _replace_answer("visible_keys", CHUNK_LOCAL_MASK))
     _submit(course_dir, "nan_padding", _replace_answer("softmax_visible", NAN_PADDING))
+    _submit(course_dir, "kv_repeat", _replace_answer("gqa_attention", _repeating_attention()))
     _nbgrader(course_dir, env, "autograde", ASSIGNMENT)
 
     points = {g: float(_nbgrader_meta(c)["points"]) for g, c in _graded(_notebook()).items()}
@@ -435,6 +449,8 @@ def test_nbgrader_generate_and_autograde(tmp_path):
 
     assert _scores(course_dir, "chunk_local") == {**full, "test_chunked_prefill": (0.0, full["test_chunked_prefill"][1])}
     assert _scores(course_dir, "nan_padding") == {**full, "test_padding": (0.0, full["test_padding"][1])}
+    # A repeat loses the repeat's points alone, as kvkit grade fails no_kv_repeat alone.
+    assert _scores(course_dir, "kv_repeat") == {**full, "test_no_kv_repeat": (0.0, full["test_no_kv_repeat"][1])}
 
     # Feedback lands in feedback/<student>/<assignment>/<notebook>.html.
     _nbgrader(course_dir, env, "generate_feedback", ASSIGNMENT, "--student", "solved")
