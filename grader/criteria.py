@@ -15,6 +15,7 @@ import numpy as np
 from grader.bounds import BOUNDS, call_held_limit, task_held_limit
 from grader.compare import Comparison, StepVerdict, first_failure
 
+CHARGE_SLACK = 256 * 2**10  # bytes: the memory a cgroup is charged ahead of use (64 pages, MEMCG_CHARGE_BATCH)
 PROBE_TOLERANCE = 1e-4  # float32 probe outputs against the float64 computation
 
 
@@ -194,7 +195,8 @@ def probe_failure(task, built, check_output: bool = True, refused: bool = False)
     off when decode is wrong on the hidden trials too: a wrong probe output is then that same mistake, not
     a "measurement mode", and the figure stands. The stored keys of an append-only probe are always checked.
     ``refused``: the submission refuses chunked prefill with a clear error, so a probe's call of that kind
-    may raise too; the other calls still count (the refusal is charged once, in its own criterion).
+    may raise too; the other calls still count (the refusal is charged once, in its own criterion). The
+    outputs checked are those the task sent with its marks, each right after its calls (``Built.expect``).
     """
     if task is None:
         return "the probe did not run (the session ended before it)"
@@ -215,20 +217,21 @@ def probe_failure(task, built, check_output: bool = True, refused: bool = False)
     if failed is not None:
         err = failed.get("error") or {}
         return f"raised {err.get('type')} in {failed.get('stage')}: {err.get('message')}"
-    if len(task.points) != len(built.marks) + 3:  # after the import, one per call boundary, after the calls, the end
+    if len(task.points) != len(built.marks) + 3:  # after the import, the trials' own, after the calls, the end
         return (f"its measurement marks did not follow its calls ({max(len(task.points) - 1, 0)} marks where "
                 f"{len(built.marks) + 2} were due)")
-    if (not check_output or refused_steps(task)) and not any(isinstance(r, dict) and r.get("stage") == "tail"
-                                                            for r in records):
-        return ""  # a refused call returns no output: the others' are not where the expected ones say
-    got = np.frombuffer(task.blob, dtype="<f8") if len(task.blob) % 8 == 0 else np.zeros(0)
-    want = np.asarray(built.expected).ravel()
-    if got.size < want.size:
-        return f"returned {got.size} values for an output of {want.size}"
-    got = got[got.size - want.size:]  # the last outputs: the measured calls', or the stored keys
-    err = float(np.max(np.abs(got - want))) if want.size else 0.0
-    if not np.isfinite(err) or err > PROBE_TOLERANCE:
-        return f"its output at this size does not match the reference (max error {err:.1e})"
+    if not check_output:
+        return ""
+    for index, want in built.expect.items():
+        sent = task.sent[index] if index < len(task.sent) else b""
+        if refused and not sent:
+            continue  # a refused call sends no output: the refusal is charged in its own criterion
+        got = np.frombuffer(sent, dtype="<f8") if len(sent) % 8 == 0 else np.zeros(0)
+        if got.size != np.asarray(want).size:
+            return f"sent {got.size} output values at a mark where {np.asarray(want).size} were due"
+        err = float(np.max(np.abs(got - want))) if got.size else 0.0
+        if not np.isfinite(err) or err > PROBE_TOLERANCE:
+            return f"its output at this size does not match the reference (max error {err:.1e})"
     return ""
 
 
@@ -369,16 +372,20 @@ def in_place(runs: list, explain: list | None = None) -> Criterion:
     if why and not stopped:
         return Criterion(cid, "error", f"the growth probe: {why}")
     per_token = probe.live_bytes / c["total"]
-    # After the prefill's mark: the appends, `every` tokens a part; the last part is the answer's making (or,
-    # for a run stopped for its time, the part the stop cut short).
-    parts = task.segments()[1:-1]
+    # After the prefill's mark: the appends, `every` tokens a part (the last also the closing decode's token),
+    # then that decode's attention (its own memory is the attention's, judged by the no-repeat criterion),
+    # then the answer (or, for a run stopped for its time, the parts that finished).
+    parts = task.segments()[1:-2] if not stopped else task.segments()[1:-1]
     held, cpu = [], []
     for j, part in enumerate(parts):
-        start = c["prefill"] + j * c["every"]
-        count = min(c["every"], c["total"] - start)
-        if part["peak"] is not None and part["end"] is not None:  # in one of K or V: they are copied apart
-            held.append((part["peak"] - part["end"]) / (start * per_token / 2))
-        if part["cpu_s"] is not None and count > 0:
+        start = min(c["prefill"] + j * c["every"], c["total"] + 1)
+        count = max(min(c["every"], c["total"] + 1 - start), 0)
+        if part["peak"] is not None and part["start"] is not None:
+            # Beyond the tokens it wrote, in one of K or V (they are copied apart): an old buffer beside its copy.
+            # The kernel charges a cgroup's memory a batch at a time, ahead of use (CHARGE_SLACK).
+            beyond = part["peak"] - part["start"] - count * per_token - CHARGE_SLACK
+            held.append(beyond / (start * per_token / 2))
+        if part["cpu_s"] is not None and count > 1:
             cpu.append((start, part["cpu_s"] / count))
     held_figure = max(held) if held else None
     late = [per for start, per in cpu if start >= c["total"] // 2]
@@ -390,7 +397,7 @@ def in_place(runs: list, explain: list | None = None) -> Criterion:
             f"{_layout(c)} ({_mib(probe.live_bytes)} of K/V at the end)"
             + (", stopped for their time" if stopped else "") + ": "
             + (f"within a stretch of {c['every']:,} appends, memory rose at most {max(held_figure, 0.0):.2f}x the live "
-               f"K (or V) above where the stretch ended (an old buffer held beside its copy is 1x or more)"
+               f"K (or V) beyond the tokens written (an old buffer held beside its copy is 1x or more)"
                if held_figure is not None else "no memory figure per stretch of appends")
             + (f"; an append cost {cpu_figure:.1f}x as much CPU in the last half of the appends as in the first "
                f"stretch (a copy on every append costs in proportion to the length)"

@@ -19,9 +19,9 @@ report (``describe``). Three purposes:
   tokens (chunked prefill); each attention call is a part of its own, so a
   repeat shows in whichever path makes it (``criteria.no_repeat``);
 * ``grow``: a short prefill (an eighth of the tokens), then one-token appends
-  to the end, a mark every 1/32 of the tokens: a part in which the cache is
-  reallocated and copied holds the old and the new buffer at once
-  (``criteria.in_place``);
+  to the end, a mark every 1/32 of the tokens, and one decode that reads them
+  all: a part in which the cache is reallocated and copied holds the old and
+  the new buffer at once (``criteria.in_place``);
 * ``scan``: the same decode steps in a reservation a little above the live
   length and in one many times larger, each twice; the steps after the first
   are one part, so what making the cache costs (a ``max_len``^2 mask table)
@@ -75,11 +75,16 @@ class Probe:
 
 @dataclass
 class Built:
-    """A probe laid out: its trials for the child, the queries its marks hand over, the outputs to expect."""
+    """A probe laid out: its trials for the child, what its marks hand over, the outputs they must send.
+
+    Marks are counted as the task makes them: 0 follows the import, 1 .. len(marks) are the trials' own
+    (``marks[i - 1]`` is what mark i's go carries), the last follows the last call. ``expect`` maps a mark's
+    number to the output (float64, flat) it must send: the measured calls' since the mark before.
+    """
 
     trials: list
-    marks: list = field(default_factory=list)  # bytes each mark's go carries, in order
-    expected: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    marks: list = field(default_factory=list)
+    expect: dict = field(default_factory=dict)
 
 
 def _tokens(target_bytes: float, Hkv: int, d: int, dtype: str, low: int, high: int) -> int:
@@ -120,7 +125,9 @@ def probes(seed: int) -> list[Probe]:
     name, Hq, Hkv, d = CHECKPOINTS[int(rng.integers(len(CHECKPOINTS)))]
     dtype = DTYPES[int(rng.integers(2))]
     total = _tokens(rng.uniform(8, 16) * MIB, Hkv, d, dtype, 1024, 8192)
-    cfg = {"purpose": "grow", "layout": name, "Hkv": Hkv, "G": Hq // Hkv, "d": d, "dtype": dtype, "total": total,
+    # The appends at the layout's KV heads; the one attention that closes them at G = 1, so that its own
+    # memory (scores) stays small beside the cache's whatever the layout.
+    cfg = {"purpose": "grow", "layout": f"{name}, G = 1", "Hkv": Hkv, "G": 1, "d": d, "dtype": dtype, "total": total,
            "prefill": total // 8, "every": max(total // 32, 1), "max_len": total + int(rng.integers(8, 64)),
            "seed": int(rng.integers(2**31))}
     out.append(Probe("grow", "grow", cfg, 2 * Hkv * total * d * ITEM[dtype]))
@@ -176,16 +183,17 @@ def _step(flat, k, v, n_new, dtype, **more) -> dict:
 
 
 def build(probe: Probe, flat, memo: dict | None = None) -> Built:
-    """``probe`` as trials whose inputs lie in ``flat`` (a ``grader.jobs.Flat``), with the queries its marks
-    hand over and the outputs the parent expects (the last outputs the child returns). ``memo`` shares the
-    K/V of probes that have the same cache (a layout and its twin; the runs of one live length)."""
+    """``probe`` as trials whose inputs lie in ``flat`` (a ``grader.jobs.Flat``), with what its marks hand
+    over (queries, digest weights, tokens) and the outputs they must send back. ``memo`` shares the K/V of
+    probes that have the same cache (a layout and its twin; the runs of one live length)."""
     c, memo = probe.config, {} if memo is None else memo
     Hkv, G, d, dtype, seed = c["Hkv"], c["G"], c["d"], c["dtype"], c["seed"]
     Hq = Hkv * G
     trial = lambda B, max_len, steps, **more: {"name": "t", "B": B, "Hkv": Hkv, "G": G, "d": d,  # noqa: E731
                                                "max_len": max_len, "dtype": dtype, "steps": steps, **more}
     tag = zlib.crc32(probe.name.encode())  # each probe's queries its own, twins and runs included
-    secret = lambda *key, shape: _normal(seed, 9, tag, *key, shape=shape, dtype="float32")  # noqa: E731
+    secret = lambda *key, shape: _normal(seed, 9, tag, *key, shape=shape, dtype="float32").astype(dtype)  # noqa: E731
+    asked = lambda q: {"q": "go", "q_shape": list(q.shape)}  # noqa: E731 - a step attending to the given query
     if c["purpose"] == "memory":
         key = ("memory", seed, Hkv, d, dtype)
         if key not in memo:
@@ -205,38 +213,45 @@ def build(probe: Probe, flat, memo: dict | None = None) -> Built:
             refs["chunk"] = _step(flat, kv["k"][:, :, live:], kv["v"][:, :, live:], [chunk], dtype)
         q = {"prompt": secret(1, shape=(B, Hp * Gp, T, d)), "decode": secret(2, shape=(1, Hq, 1, d)),
              "chunk": secret(3, shape=(1, Hq, chunk, d))}
-        go = lambda part: {"mark": True, "q": "go", "q_shape": list(q[part].shape)}  # noqa: E731
-        trials = [{**trial(B, T + 4, [{**prompt, **go("prompt"), "mark_after": True, "digest": True}]),
+        weights = _normal(seed, 10, tag, shape=(B,), dtype="float64")
+        trials = [{**trial(B, T + 4, [{**prompt, **asked(q["prompt"]), "mark": True, "mark_after": True,
+                                        "digest": True, "given": [["q", list(q["prompt"].shape)], ["w", [B]]]}]),
                    "Hkv": Hp, "G": Gp},
                   trial(1, c["max_len"], [{**refs["prefill"], "attend": False},
-                                          {**refs["decode"], **go("decode"), "mark_after": True},
-                                          {**refs["chunk"], **go("chunk")}])]
-        q = {part: x.astype(dtype) for part, x in q.items()}
-        weights = _normal(seed, 10, tag, shape=(B,), dtype="float64")
-        expected = [np.einsum("b,bhtd->htd", weights, reference(q["prompt"], prompt_k, prompt_v)),
-                    reference(q["decode"], kv["k"][:, :, :live], kv["v"][:, :, :live]),
-                    reference(q["chunk"], kv["k"], kv["v"])]
-        # Marks in order: before the prompt's attention, after it, before the decode's, after it, before the chunk's.
-        marks = [q["prompt"].tobytes(), weights.tobytes(), q["decode"].tobytes(), b"", q["chunk"].tobytes()]
-        return Built(trials, marks, np.concatenate([e.ravel() for e in expected]))
+                                          {**refs["decode"], **asked(q["decode"]), "mark": True, "mark_after": True,
+                                           "given": [["q", list(q["decode"].shape)]]},
+                                          {**refs["chunk"], **asked(q["chunk"]), "mark": True,
+                                           "given": [["q", list(q["chunk"].shape)]]}])]
+        # Marks: 1 before the prompt's attention (its query and weights), 2 after it (its digest), 3 before
+        # the decode (its query), 4 after it (its output), 5 before the chunk (its query), 6 after it (output).
+        marks = [q["prompt"].tobytes() + weights.tobytes(), b"", q["decode"].tobytes(), b"", q["chunk"].tobytes()]
+        expect = {2: weights @ reference(q["prompt"], prompt_k, prompt_v).reshape(B, -1),
+                  4: reference(q["decode"], kv["k"][:, :, :live], kv["v"][:, :, :live]),
+                  6: reference(q["chunk"], kv["k"], kv["v"])}
+        return Built(trials, marks, {i: e.ravel() for i, e in expect.items()})
     if c["purpose"] == "grow":
         total, prefill, every = c["total"], c["prefill"], c["every"]
-        k = _normal(seed, 5, shape=(1, Hkv, total, d), dtype=dtype)
-        v = _normal(seed, 6, shape=(1, Hkv, total, d), dtype=dtype)
+        k = _normal(seed, 5, shape=(1, Hkv, total + 1, d), dtype=dtype)
+        v = _normal(seed, 6, shape=(1, Hkv, total + 1, d), dtype=dtype)
+        # The appended tokens lie in a pool, in an order handed over at the prefill's mark: no append can be
+        # made before it. The last token's attention (G = 1: its own memory small) reads everything appended,
+        # so no append can be left until after the last mark either.
+        count = total - prefill
+        perm = np.random.default_rng([seed, 11, tag]).permutation(count).astype(np.int32)
+        order = np.argsort(perm)  # pool row perm[i] is appended i-th: the pool holds the tokens so that this
+        pool = [flat.ref(np.ascontiguousarray(x[0, :, prefill:total].transpose(1, 0, 2)[order]), dtype)
+                for x in (k, v)]  # ... gives back the sequence's order
         steps = [{**_step(flat, k[:, :, :prefill], v[:, :, :prefill], [prefill], dtype), "attend": False,
-                  "mark": True}]
-        # One token a step, from token-major copies: each step's k_new is one contiguous slice of the flat array.
-        k_rows, v_rows = flat.ref(np.ascontiguousarray(k[0].transpose(1, 0, 2)), dtype), \
-            flat.ref(np.ascontiguousarray(v[0].transpose(1, 0, 2)), dtype)
-        for s in range(prefill, total):
-            one = lambda rows: [rows[0] + s * Hkv * d, [1, Hkv, 1, d]]  # noqa: E731
-            steps.append({"k": one(k_rows), "v": one(v_rows), "n_new": [1], "attend": False,
-                          **({"mark": True} if (s + 1 - prefill) % every == 0 and s + 1 < total else {})})
-        from grader.child.tasks import TAIL
-
-        built = Built([trial(1, c["max_len"], steps, tail=TAIL)], expected=k[0, :, total - TAIL:].astype(np.float64))
-        built.marks = [b""] * sum(1 for s in steps if s.get("mark"))
-        return built
+                  "mark": True, "given": [["perm", [count]]]}]
+        for i in range(count):
+            steps.append({"pick": i, "pool": pool, "n_new": [1], "attend": False,
+                          **({"mark": True} if (i + 1) % every == 0 and i + 1 < count else {})})
+        q = secret(1, shape=(1, Hkv, 1, d))
+        last = _step(flat, k[:, :, total:], v[:, :, total:], [1], dtype)
+        steps.append({**last, **asked(q), "mark": True, "given": [["q", list(q.shape)]]})
+        marks = [perm.tobytes()] + [b""] * sum(1 for s in steps[1:-1] if s.get("mark")) + [q.tobytes()]
+        return Built([trial(1, c["max_len"] + 1, steps)], marks,
+                     {len(marks) + 1: reference(q, k, v).ravel()})
     # scan
     live, decodes = c["live"], c["decodes"]
     key = ("scan", seed, Hkv, d, dtype, live, decodes)
@@ -247,10 +262,13 @@ def build(probe: Probe, flat, memo: dict | None = None) -> Built:
         memo[key] = {"k": k, "v": v, "prefill": _step(flat, k[:, :, :live], v[:, :, :live], [live], dtype),
                      "steps": [_step(flat, k[:, :, s:s + 1], v[:, :, s:s + 1], [1], dtype) for s in range(live, S)]}
     kv = memo[key]
-    q = secret(1, shape=(1, Hq, 1, d))
+    first, second = secret(1, shape=(1, Hq, 1, d)), secret(2, shape=(1, Hq, 1, d))
     steps = [{**kv["prefill"], "attend": False}]
     for i, step in enumerate(kv["steps"]):
-        # The first two steps mark (the first hands over the query): the steps after the second are the figure.
-        steps.append({**step, "q": "go", "q_shape": list(q.shape), **({"mark": True} if i < 2 else {})})
-    return Built([trial(1, c["max_len"], steps)], [q.astype(dtype).tobytes()] * 2,
-                 reference(q.astype(dtype), kv["k"], kv["v"]))
+        # The first two steps mark, each handing over a query: the steps from the second on are the figure,
+        # and their output (the last step's) depends on a query given only at its start.
+        steps.append({**step, **asked(first), **({"mark": True, "given": [["q", list(first.shape)]]} if i < 2 else {})})
+    S1, S = live + 1, live + decodes
+    expect = {2: reference(first, kv["k"][:, :, :S1], kv["v"][:, :, :S1]).ravel(),
+              3: reference(second, kv["k"][:, :, :S], kv["v"][:, :, :S]).ravel()}
+    return Built([trial(1, c["max_len"], steps)], [first.tobytes(), second.tobytes()], expect)

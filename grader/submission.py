@@ -732,6 +732,24 @@ def _left_out_note(what: str, left: list[tuple[int, str]]) -> str:
             f"not run: {shown}{more}")
 
 
+def _top_level_imports(source: str) -> set[str]:
+    """Dotted module names that ``source`` imports in statements of its own top level (not inside an ``if``,
+    a ``try`` or a function): the imports that run, unguarded, whenever the module is loaded."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
 def _imported_modules(source: str) -> set[str]:
     """Dotted module names ``source`` imports (``import a.b``, ``from a.b import c``, ``from a import b``), as syntax."""
     import ast
@@ -760,8 +778,9 @@ def missing_module(import_error, workdir: str, files: list[str], installed) -> s
     (``grader.run.installed_modules``). Decided from what happened: the load
     raised ``ModuleNotFoundError`` for a module that is neither installed here
     nor one of the submission's own files, and that one of its files imports
-    (read as syntax). A guarded import (``try: import scipy`` with a fallback)
-    loads, so it never reaches here. None when the failure is anything else.
+    at its top level, unguarded (read as syntax): a raise of the error by hand,
+    or an import under ``if`` or ``try``, is the submission's crash, graded. A
+    guarded import with a fallback loads, so it never reaches here. None when the failure is anything else.
     """
     import re
 
@@ -780,7 +799,7 @@ def missing_module(import_error, workdir: str, files: list[str], installed) -> s
         if rel.endswith(".py"):
             try:
                 with open(os.path.join(workdir, rel), encoding="utf-8", errors="replace") as f:
-                    names = _imported_modules(f.read())
+                    names = _top_level_imports(f.read())
             except OSError:
                 continue
             if top in {n.split(".")[0] for n in names}:

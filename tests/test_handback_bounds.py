@@ -362,7 +362,12 @@ def _work(tmp_path: Path, files: dict[str, str]) -> tuple[str, list[str]]:
      {"kv_cache.py": "import numpy\n"}, None),               # a message no import of its files explains
     ({"type": "ImportError", "message": "No module named 'scipy'"},
      {"kv_cache.py": "import scipy\n"}, None),
-], ids=["scipy", "through a helper", "guarded", "installed", "own", "unexplained", "not ModuleNotFoundError"])
+    # The error raised by hand, beside an import that never runs: the submission's own crash, graded.
+    ({"type": "ModuleNotFoundError", "message": "No module named 'flash_attn'"},
+     {"kv_cache.py": "if False:\n    import flash_attn\nraise ModuleNotFoundError(\"No module named 'flash_attn'\")\n"},
+     None),
+], ids=["scipy", "through a helper", "guarded", "installed", "own", "unexplained", "not ModuleNotFoundError",
+        "raised by hand"])
 def test_a_missing_module_is_named_only_when_that_is_what_happened(tmp_path, error, files, missing):
     from grader.run import installed_modules
 

@@ -33,8 +33,9 @@ def _task(name, built_probe, parts, memory_source="cgroup"):
         cpu += part_cpu
         points.append({"cpu_s": cpu, "usage": end * MIB, "peak": peak * MIB})
     points.append({"cpu_s": cpu + 0.01, "usage": 0, "peak": parts[-1][3] * MIB})  # the answer, then the end
-    blob = np.asarray(built_probe.expected, dtype="<f8").tobytes()
-    return TaskResult(name=name, answer={"records": [[]]}, blob=blob, exit=0, cpu_s=cpu,
+    sent = [np.asarray(built_probe.expect[i], dtype="<f8").tobytes() if i in built_probe.expect else b""
+            for i in range(len(points) - 1)]
+    return TaskResult(name=name, answer={"records": [[]]}, exit=0, cpu_s=cpu, sent=sent,
                       memory_bytes=int(max(p[1] for p in parts) * MIB), memory_source=memory_source, points=points)
 
 
@@ -84,8 +85,10 @@ def test_layouts_are_drawn_per_seed_from_real_checkpoints():
         assert {p.config["dtype"] for p in layouts} == set(probes.DTYPES) and 64 in {p.config["d"] for p in layouts}
         for p in plan:
             c = p.config
-            if not p.twin_of:
+            if not p.twin_of and p.purpose != "grow":  # the appends' closing decode is at G = 1
                 assert (c["Hkv"] * c["G"], c["Hkv"], c["d"]) in real, c
+            if p.purpose == "grow":
+                assert any((hkv, d) == (c["Hkv"], c["d"]) for _, _, hkv, d in probes.CHECKPOINTS), c
             for key in seen:
                 seen[key].add(c[key])
         for twin in (p for p in memory if p.twin_of):
@@ -113,13 +116,17 @@ def test_the_reference_applies_the_bottom_right_mask_and_the_head_map():
 
 
 def test_every_measured_query_is_handed_over_at_its_mark(built):
-    """No probe's job spec holds a measured query: each lies in the marks the parent keeps."""
+    """No probe's job spec holds a measured query or the order of the appended tokens: each lies in the
+    marks the parent keeps, and every measured call's output is due at the mark after it."""
     plan, made = built
     for p in plan:
         steps = [s for t in made[p.name].trials for s in t["steps"]]
         attended = [s for s in steps if s.get("attend") is not False]
-        assert all(s["q"] == "go" for s in attended) and (attended or p.purpose == "grow"), p.name
+        assert attended and all(s["q"] == "go" for s in attended), p.name
         assert len(made[p.name].marks) == sum(bool(s.get("mark")) + bool(s.get("mark_after")) for s in steps)
+        assert max(made[p.name].expect) == len(made[p.name].marks) + 1  # the last output leaves at the last mark
+        if p.purpose == "grow":
+            assert all("pick" in s for s in steps[1:-1]) and steps[0]["given"] == [["perm", [len(steps) - 2]]]
 
 
 # ---------------------------------------------------------------- repeat
@@ -186,7 +193,7 @@ def test_marks_that_do_not_follow_the_calls_void_the_figure(built):
 def test_a_wrong_output_at_the_probe_voids_the_figure(built):
     runs = _memory_runs(built)
     probe, task, made = runs[1]
-    task.blob = np.zeros(len(task.blob) // 8).tobytes()
+    task.sent = [np.zeros(len(b) // 8).tobytes() for b in task.sent]
     crit = criteria.no_repeat(runs)
     assert crit.status == "error" and "does not match" in crit.evidence, crit.evidence
 
@@ -208,6 +215,7 @@ def _grow(built, held=0.0, cpu_late=1.0, copy_at=None, stopped=False):
         cpu = count * 2e-5 * (cpu_late if start >= c["total"] // 2 else 1.0)
         parts.append((cpu, peak, used, end))
         used, start, j = end, start + count, j + 1
+    parts.append((0.002, used + 2 * probe.live_bytes / MIB, used, used))  # the closing decode's own memory
     task = _task("grow", made["grow"], parts)
     if stopped:
         task.points = task.points[:-2] + [task.points[-1]]  # no last mark: the run was stopped

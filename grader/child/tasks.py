@@ -86,19 +86,35 @@ def run_trials(module, trials: list, data, to_backend=None, from_backend=None, m
     the default keeps NumPy. Returns ``(records, outputs)``: per trial a list of
     per-step dicts, and the float64 outputs whose shape matched q's.
 
-    A step with ``"mark": true`` calls ``mark`` after its append, before its
-    attention (``"mark_after"``: after its attention): in the sandbox the parent
-    takes its figures there, and when the step's ``q`` is ``"go"`` the mark
-    hands over the query (``q_shape``, in the trial's dtype), so no work on it
-    can happen before.
+    In the sandbox a probe's steps carry marks (``mark``), where the parent takes
+    the kernel's figures: ``"mark"`` after the step's append, ``"mark_after"``
+    after its attention, and one after the last step. A mark hands over what the
+    step's ``"given"`` lists (its query ``q``, digest weights ``w``, the order
+    ``perm`` in which the next appends take a pool's tokens), and sends the output of the measured calls since the mark
+    before: a call's query arrives at its mark and its output leaves at the next,
+    so the call's work lies between the two, whatever the process does.
     """
     import numpy as np
 
     to_backend = to_backend or (lambda a, dtype: np.dtype(dtype) if a is None else a)
     from_backend = from_backend or (lambda x: x)
-    mark = mark or (lambda into=None: None)
+    mark = mark or (lambda into=(), send=b"": None)
     records, outputs, alive = [], [], []
-    given_q = None
+    given: dict = {}  # what the last marks handed over, by name
+    pending = [b""]  # the output of the last measured call, sent at the next mark
+
+    def take(step):
+        """The step's mark: its given buffers made (and written) before it, filled after it."""
+        into = []
+        for name, shape in step.get("given", []):
+            kind = np.float64 if name == "w" else np.int32 if name == "perm" else np.dtype(trial["dtype"])
+            if name not in given or given[name].shape != tuple(shape) or given[name].dtype != kind:
+                given[name] = np.empty(shape, dtype=kind)
+                given[name].fill(0)  # its pages written now: the input's memory is not the call's
+            into.append(given[name])
+        mark(into, pending[0])
+        pending[0] = b""
+
     for trial in trials:
         dtype = trial["dtype"]
         steps = []
@@ -108,10 +124,15 @@ def run_trials(module, trials: list, data, to_backend=None, from_backend=None, m
                                    dtype=to_backend(None, dtype))
         except BaseException as exc:  # noqa: BLE001 - any failure is the submission's
             steps.append({"stage": "init", "error": _error(exc)})
+            for rest in trial["steps"]:  # the marks its steps would have made: the parent counts them
+                if rest.get("mark"):
+                    take(rest)
+                if rest.get("mark_after"):
+                    mark((), b"")
             continue
         buffers = (getattr(cache, "k", None), getattr(cache, "v", None))
-        for step in trial["steps"]:
-            k, v, q, T = _step_inputs(step, data, dtype)
+        for index, step in enumerate(trial["steps"]):
+            k, v, q, T = _step_inputs(step, data, dtype, given)
             k, v = to_backend(k, dtype), to_backend(v, dtype)
             q = to_backend(q, dtype) if q is not None else None
             n_new = to_backend(np.asarray(step["n_new"], dtype=np.int64), "int64")
@@ -128,26 +149,18 @@ def run_trials(module, trials: list, data, to_backend=None, from_backend=None, m
             except BaseException as exc:  # noqa: BLE001
                 steps.append({"stage": "append", "error": _error(exc)})
                 # The cache no longer matches the history: stop this trial, making the marks its steps would
-                # have made (the parent tells the calls apart by them), each with its query taken and dropped.
-                for rest in trial["steps"][trial["steps"].index(step):]:
-                    for flag in ("mark", "mark_after"):
-                        if rest.get(flag):
-                            shape = rest["q_shape"] if flag == "mark" and rest.get("q") == "go" else \
-                                [trial["B"]] if rest.get("digest") else None
-                            mark(None if shape is None else np.empty(shape, dtype=np.float64 if len(shape) == 1
-                                                                     else dtype))
+                # have made (the parent counts them), each taking what it is given.
+                for rest in trial["steps"][index:]:
+                    if rest.get("mark"):
+                        take(rest)
+                    if rest.get("mark_after"):
+                        mark((), b"")
                 break
             del k, v
             if step.get("mark"):
-                if step.get("q") == "go":
-                    # Made and written before the mark, filled after it: the query's own memory is not the call's.
-                    given_q = np.empty(step["q_shape"], dtype=dtype)
-                    given_q.fill(0)  # its pages written now, before the mark
-                    mark(given_q)
-                else:
-                    mark()
+                take(step)
             if step.get("q") == "go":  # the query the last mark handed over
-                q = to_backend(given_q, dtype)
+                q = to_backend(given["q"], dtype)
             if q is None:  # an append alone (a probe's prefill): inside the contract, no attention
                 steps.append({"stage": "appended"})
                 continue
@@ -159,18 +172,16 @@ def run_trials(module, trials: list, data, to_backend=None, from_backend=None, m
             except BaseException as exc:  # noqa: BLE001
                 steps.append({"stage": "attention", "error": _error(exc)})
                 if step.get("mark_after"):
-                    mark()
+                    mark((), b"")
                 continue
+            if step.get("digest") and arr.ndim == 4 and arr.shape[0] == len(given.get("w", ())):
+                # A sum of every row's output with weights given at the mark: small whatever the batch.
+                arr = (given["w"].astype(arr.dtype) @ arr.reshape(arr.shape[0], -1)).reshape(1, *arr.shape[1:])
+            if step.get("q") == "go":
+                pending[0] = np.asarray(arr, dtype="<f8").tobytes() if arr.dtype.kind in "fiu" else b""
             if step.get("mark_after"):  # the attention call alone is the part before this mark
-                if step.get("digest"):
-                    # Weights per row, handed over only now: a sum of every row's output that no part of the
-                    # output can be left out of, small enough to send whatever the batch.
-                    weights = np.empty(trial["B"], dtype=np.float64)
-                    weights.fill(0)
-                    mark(weights)
-                    arr = np.einsum("b,bhtd->htd", weights, np.asarray(arr, dtype=np.float64))[None]
-                else:
-                    mark()
+                mark((), pending[0])
+                pending[0] = b""
             record = {"stage": "ok", "type": str(type(out).__name__)[:80], "shape": list(arr.shape)[:8],
                       "dtype": str(arr.dtype)[:40], "buffers_moved": bool(moved)}
             expected_shape = [1 if step.get("digest") else trial["B"], trial["Hkv"] * trial["G"], T, trial["d"]]
@@ -185,17 +196,22 @@ def run_trials(module, trials: list, data, to_backend=None, from_backend=None, m
             outputs.append(stored.ravel())
             steps.append({"stage": "tail", "stored": True})
         alive.append(cache)  # freed after the last mark: freeing is not part of any measured call
-    mark()  # the end of the calls
+    mark((), pending[0])  # the end of the calls
     return records, outputs
 
 
-def _step_inputs(step: dict, data, dtype):
-    """``(k_new, v_new, q or None, T)`` of one step: views of the job's flat arrays, the same for every trial.
+def _step_inputs(step: dict, data, dtype, given=None):
+    """``(k_new, v_new, q or None, T)`` of one step: views of the job's flat arrays, the same for every trial
+    (``"pick": i``: token ``perm[i]`` of a pool, as ``[1, Hkv, 1, d]``, ``perm`` handed over at a mark).
 
     The arrays are copy-on-write maps of files the parent wrote (their pages
     are the parent's, so the sandbox's memory figure holds the cache, not the
     inputs), and hidden trials and probes alike get views of them.
     """
+    if "pick" in step:  # token perm[i] of the trial's pool ([N, Hkv, d], token-major), perm given at a mark
+        row = int(given["perm"][step["pick"]])
+        k, v = _array(data, step["pool"][0], dtype)[row], _array(data, step["pool"][1], dtype)[row]
+        return k[None, :, None], v[None, :, None], None, 1
     k, v = _array(data, step["k"], dtype), _array(data, step["v"], dtype)
     if step.get("attend") is False:
         return k, v, None, k.shape[2]
@@ -377,9 +393,10 @@ def _read_exact(fd: int, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def mark(into=None) -> None:
-    """A measurement point: tell the zygote, wait for its go, and read what the go carries into ``into``
-    (a NumPy array of exactly that many bytes, made before the mark), or drop it.
+def mark(into=(), send: bytes = b"") -> None:
+    """A measurement point: send ``send`` (the output of the measured calls since the last mark) to the
+    zygote, wait for its go, and read what the go carries into the arrays of ``into``, in order (each
+    made and written before the mark).
 
     The parent takes the kernel's figures of this process between its marks
     (``grader.sandbox.launch``): the first mark follows the import, so nothing
@@ -392,20 +409,21 @@ def mark(into=None) -> None:
     fds = _JOB.get("mark_fds")
     if not fds:
         return
-    os.write(fds[0], b"M")
+    frame = b"M" + len(send).to_bytes(8, "little") + send
+    view = memoryview(frame)
+    while view:
+        view = view[os.write(fds[0], view):]
     size = int.from_bytes(_read_exact(fds[1], 8), "little")
-    if into is None:
-        _read_exact(fds[1], size)
-        return
-    view = memoryview(into).cast("B")
-    if size != len(view):
-        raise OSError(f"a mark carried {size} bytes for a query of {len(view)}")
-    done = 0
-    while done < size:
-        got = os.readv(fds[1], [view[done:]])
-        if not got:
-            raise OSError("the zygote closed the go pipe")
-        done += got
+    views = [memoryview(a).cast("B") for a in into]
+    if size != sum(len(v) for v in views):
+        raise OSError(f"a mark carried {size} bytes for inputs of {sum(len(v) for v in views)}")
+    for target in views:
+        done = 0
+        while done < len(target):
+            got = os.readv(fds[1], [target[done:]])
+            if not got:
+                raise OSError("the zygote closed the go pipe")
+            done += got
 
 
 def _section(answer: dict, name: str, fn, *args):

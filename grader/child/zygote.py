@@ -388,28 +388,45 @@ def _proc_figures(pid: int) -> dict:
     return figures
 
 
+MARK_PAYLOAD_LIMIT = 4 * 2**20  # bytes a mark may send: the output of a probe's measured calls
+
+
 class _Marks:
-    """A trials task's measurement points: each mark the task writes is relayed to the parent with the
-    kernel's figures of the task, and the parent's go (and what it carries) is written back.
+    """A trials task's measurement points: each mark the task writes (``b"M"``, an 8-byte length, that many
+    bytes of output) is relayed to the parent with the kernel's figures of the task, and the parent's go
+    (and what it carries) is written back.
 
     Duck-typed as a :class:`_Relay` for :func:`_read_answer` (``call_fd``, ``pump``, ``close``).
     """
 
     def __init__(self, task: str, pid: int, mark_fd: int, go_fd: int):
         self.task, self.pid, self.call_fd, self.go_fd = task, pid, mark_fd, go_fd
+        self.buffer = bytearray()
 
     def pump(self, deadline: float) -> bool:
         try:
-            data = os.read(self.call_fd, 4096)
+            data = os.read(self.call_fd, 1 << 20)
         except OSError:
             data = b""
         if not data:
             return self.close()
-        for _ in data:
-            _send({"ev": "mark", "task": self.task, **_proc_figures(self.pid)})
+        self.buffer += data
+        while len(self.buffer) >= 9:
+            size = int.from_bytes(self.buffer[1:9], "little")
+            if self.buffer[:1] != b"M" or size > MARK_PAYLOAD_LIMIT:
+                return self.close()
+            if len(self.buffer) < 9 + size:
+                return True
+            payload = bytes(self.buffer[9:9 + size])
+            del self.buffer[:9 + size]
+            _send({"ev": "mark", "task": self.task, **_proc_figures(self.pid)}, payload)
             reply, blob = _receive_frame()
-            payload = len(blob).to_bytes(8, "little") + blob if reply.get("go") else b""
-            if not payload or not _write_by(self.go_fd, payload, deadline):
+            go = len(blob).to_bytes(8, "little") + blob if reply.get("go") else b""
+            del blob, payload
+            # Armed: what this process holds to hand over is made now, before the parent takes its figures, and
+            # writing it out allocates nothing, so the part that starts at the go holds nothing of ours.
+            _send({"ev": "armed", "task": self.task})
+            if not go or not _receive().get("deliver") or not _write_by(self.go_fd, go, deadline):
                 return self.close()
         return True
 

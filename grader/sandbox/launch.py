@@ -88,6 +88,7 @@ class TaskResult:
     # The kernel's figures at each mark the task made and at its end (see ``segments``): "cpu_s" (seconds
     # so far), "usage" (bytes now) and "peak" (the highest usage since the point before), None where unknown.
     points: list = field(default_factory=list)
+    sent: list = field(default_factory=list)  # what the task sent with each mark (bytes; the calls' outputs)
 
     def segments(self) -> list[dict]:
         """The task's parts between its marks, in order: ``{"cpu_s", "peak", "start", "end"}`` each, the
@@ -588,6 +589,8 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
     base_usage = None
     cpu_marks: dict = {}  # serial task -> the group's CPU seconds at its "ready"
     points: dict = {}  # task -> the kernel's figures at each of its marks
+    sent: dict = {}  # task -> what it sent with each mark
+    arming: dict = {}  # task -> the figures of its mark, until the zygote has its go ready
     marks = marks or {}
     known = {str(t.get("name")) for t in job["tasks"]}
     while True:
@@ -604,23 +607,36 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
             return
         event = obj.get("ev")
         if event == "mark":
-            # A trials task's measurement point: its figures so far, then a new peak period, then its go.
+            # A trials task's measurement point: what it sent, then what its go carries (the zygote arms it).
             name = str(obj.get("task", ""))[:80]
-            if name not in known or name in result.tasks or len(points.get(name, [])) > 64:
+            if name not in known or name in result.tasks or len(points.get(name, [])) > 64 or name in arming:
                 result.reason = "malformed answer from the sandbox (a mark from no running task)"
                 return
             taken = points.setdefault(name, [])
             figures = {k: obj.get(k) for k in ("cpu_s", "rss_kib", "hwm_kib")
                        if isinstance(obj.get(k), (int, float)) and not isinstance(obj.get(k), bool)}
             figures["hwm_ok"] = bool(taken[-1].get("reset")) if taken else False
-            point = _point(group, figures)
-            point["reset"] = bool(obj.get("hwm_reset"))
-            if group is not None:
-                group.reset_peak()
+            arming[name] = (figures, bool(obj.get("hwm_reset")))
+            sent.setdefault(name, []).append(bytes(blob[:protocol.BLOB_LIMIT]))
             given = marks.get(name, [])
             blob_out = given[len(taken)] if len(taken) < len(given) else b""
-            taken.append(point)
             if not channel.send({"go": True}, blob_out, deadline=deadline):
+                result.reason = "the sandbox stopped listening (or stopped reading before the session's deadline)"
+                return
+            continue
+        if event == "armed":
+            # The go is ready to be written: the kernel's figures now, a new peak period, then the go itself.
+            name = str(obj.get("task", ""))[:80]
+            if name not in arming:
+                result.reason = "malformed answer from the sandbox (an armed mark that was never made)"
+                return
+            figures, reset = arming.pop(name)
+            point = _point(group, figures)
+            point["reset"] = reset
+            if group is not None:
+                group.reset_peak()
+            points[name].append(point)
+            if not channel.send({"deliver": True}, deadline=deadline):
                 result.reason = "the sandbox stopped listening (or stopped reading before the session's deadline)"
                 return
             continue
@@ -654,6 +670,7 @@ def _converse(channel: _Channel, job: dict, group, limits: Limits, result: Sessi
             except (ValueError, RecursionError) as exc:
                 task.answer, task.answer_error = None, str(exc)
             taken = points.get(name, [])
+            task.sent = sent.get(name, [])
             if group is not None:
                 task.memory_bytes, task.memory_source = max(group.peak() - (base_usage or 0), 0), "cgroup"
                 start, now = cpu_marks.get(name), group.cpu_seconds()
