@@ -75,6 +75,34 @@ MEMFD_STORE = '''(lambda a: (lambda fd: (__import__("os").write(fd, a.tobytes())
                  np.frombuffer(__import__("os").read(fd, a.nbytes), dtype=a.dtype))[2])(__import__("os").memfd_create("kv")))'''
 
 
+DOUBLING = open(os.path.join(ROOT, "catalogue", "examples", "doubling_capacity", "kv_cache.py")).read()
+DEFERRED = '''
+import sys as _sys
+
+_repeating = gqa_attention
+_later = []
+
+
+def gqa_attention(q, cache, n_new):  # noqa: F811 - probe-sized calls answer now and repeat later
+    if np.asarray(q).size < 4096:
+        return _repeating(q, cache, n_new)
+    _later.append((np.array(q), cache, np.array(n_new)))
+    return np.zeros(np.asarray(q).shape, dtype=np.asarray(q).dtype)
+
+
+_tasks = _sys.modules.get("_kvkit_tasks")
+if _tasks is not None:
+    _run = _tasks.run_trials
+
+    def _run_then_repeat(*args, **kwargs):
+        answer = _run(*args, **kwargs)
+        for q, cache, n_new in _later:  # after the harness's last mark
+            _repeating(q, cache, n_new)
+        return answer
+
+    _tasks.run_trials = _run_then_repeat
+'''
+
 ZYGOTE_CONFTEST = '''import os
 import sys
 
@@ -626,6 +654,14 @@ CASES = {
         when="not (cache.k.shape[1] == 8 and cache.k.shape[2] >= 1024)")}, "control_repeat"),
     "repeat_unless_head_dim_128_float32": ({"kv_cache.py": weak(
         when="not (cache.k.shape[3] == 128 and cache.k.dtype == np.float32)")}, "control_repeat"),
+    # The error of a missing module raised by hand, beside an import that never runs: once read as a module
+    # to install (not graded, no verdict) where its control is Weak.
+    "fake_missing_module": ({"kv_cache.py": weak() + "\nif False:\n    import flash_attn\n"
+                             "raise ModuleNotFoundError(\"No module named 'flash_attn'\", name='flash_attn')\n"},
+                            "control_repeat"),
+    # A measured call answers zeros at once and computes its repeat after the harness's marks, taken over
+    # from inside the process (once, its outputs were written in after the last mark, unmeasured).
+    "repeat_deferred_past_its_mark": ({"kv_cache.py": weak() + DEFERRED}, "control_repeat"),
     "repeat_under_frozen_name": ({"kv_cache.py": BASE + "\nexec(compile(" + repr(REPEAT.format(
         when="True", store="(lambda a: a)")) + ", '<frozen importlib._bootstrap>', 'exec'))\n"}, "control_repeat"),
     "repeat_into_a_workspace_for_every_head": ({"kv_cache.py": BASE + WORKSPACE_REPEAT}, "control_repeat"),
@@ -779,6 +815,15 @@ for _fd in range(3, 64):
     "preimport_that_exits": ({"kv_cache.py": wrong() + "\nif False:\n    import unittest.__main__\n"},
                              "control_chunk_local"),
     "control_concat": ({"kv_cache.py": CONCAT.replace("WHEN_READ", "False")}, None),
+    # A cache that doubles its capacity by a copy, and the same cache keeping each old buffer until the next
+    # doubling, so that a part of the appends ends at its peak (it once passed as in place, Hire).
+    "control_doubling": ({"kv_cache.py": DOUBLING}, None),
+    "doubling_keeps_old_buffers": ({"kv_cache.py": DOUBLING.replace(
+        "            self.k = np.concatenate([self.k, extra], axis=2)",
+        "            self._previous, old = None, (self.k, self.v)\n"
+        "            self.k = np.concatenate([self.k, extra], axis=2)").replace(
+        "            self.capacity = grown",
+        "            self.capacity = grown\n            self._previous = old")}, "control_doubling"),
     "concat_dear_when_read_after_the_prefill": ({"kv_cache.py": CONCAT.replace("WHEN_READ", "True")},
                                                 "control_concat"),
     "concat_copied_by_an_unwaited_helper": ({"kv_cache.py": UNWAITED_HELPER}, "control_concat"),
@@ -798,7 +843,7 @@ for _fd in range(3, 64):
 MEASURED = {name for name, (files, control) in CASES.items()
             if (control or name) in ("control_repeat", "control_repeat_with_tests", "control_port_repeat",
                                      "control_port_copies", "control_concat", "control_port_scan",
-                                     "control_scan")
+                                     "control_scan", "control_doubling")
             or name == "unfinished_port"}
 SLOW_CASES = MEASURED | {"tests_read_wrapper_code", "tests_read_the_variant_with_a_profiler",
                          "tests_search_the_process_for_the_variant", "honest_tests_check_identity",
