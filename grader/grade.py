@@ -292,6 +292,13 @@ def _read(path: str) -> str:
         return f.read()
 
 
+# What a notebook's grade here and in its nbgrader cells (docs/notebook.md) do not share, said in both places.
+NOTEBOOK_NOTE = ("graded as the class notebook's nbgrader cells grade it, criterion by criterion, but for two "
+                 "things: live_length (attention over the live keys) is measured here only, by timing, and no "
+                 "cell grades it; a port not attempted counts neither for nor against here, while nbgrader, "
+                 "whose total is fixed, gives its cell 0 (docs/notebook.md)")
+
+
 def grade(path: str, options: Options | None = None) -> dict:
     """Grade the submission at ``path`` (directory, .zip, .py or .ipynb) and return its report dict."""
     options = options or Options()
@@ -312,6 +319,8 @@ def grade(path: str, options: Options | None = None) -> dict:
         report["hand_back_sha256"] = sha256  # --resume grades a hand-back changed since again
         if laid_out:
             report["notes"] = laid_out + list(report.get("notes") or [])
+        if report.get("status") == "graded" and str(path).lower().endswith(".ipynb"):
+            report.setdefault("notes", []).append(NOTEBOOK_NOTE)
         if report.get("status") == "graded" and options.trials < FULL_TRIALS:
             report.setdefault("notes", []).append(
                 f"a quick grading: {options.trials} random trials, fewer than the {FULL_TRIALS} of a full one "

@@ -363,7 +363,11 @@ AFTER_IMPLEMENTATION = {"port", "own_tests"}
 # What a port cell may bind to the contract's names (``kvkit.exports``: contract name -> its own name).
 EXPORTABLE = {"KVCache", "gqa_attention"}
 # Modules of the kit a notebook may import that the starter bundle ships too: ``{module: path in the bundle}``.
-SHIPPED_HELPERS = {"catalogue.mutants": "catalogue/mutants.py", "catalogue.structure": "catalogue/structure.py"}
+SHIPPED_HELPERS = {"catalogue.mutants": "catalogue/mutants.py", "catalogue.structure": "catalogue/structure.py",
+                   "kv_helpers.mutants": "catalogue/mutants.py"}
+# Where a helper is written in the sandbox when it is not at the same path as in the kit (the class
+# notebook's released helpers: ``kv_helpers`` beside the notebook).
+HELPER_TARGETS = {"kv_helpers.mutants": "kv_helpers/mutants.py"}
 
 
 def _marker(cell, key: str, field: str):
@@ -829,15 +833,18 @@ def provide_helpers(workdir: str, sources: list[str]) -> list[str]:
     for module, rel in SHIPPED_HELPERS.items():
         if module not in wanted:
             continue
-        target = os.path.join(workdir, *rel.split("/"))
+        target = os.path.join(workdir, *HELPER_TARGETS.get(module, rel).split("/"))
         if os.path.lexists(target):
             continue
         source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), *rel.split("/"))
         if not os.path.isfile(source):
             continue
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.copyfile(source, target)
-        written.append(rel)
+        shutil.copyfile(source, target)  # a link in the kit's tree is copied as the file it names
+        package = os.path.join(os.path.dirname(target), "__init__.py")
+        if module.startswith("kv_helpers.") and not os.path.lexists(package):
+            open(package, "w").close()
+        written.append(HELPER_TARGETS.get(module, rel))
     return written
 
 

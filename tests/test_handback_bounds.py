@@ -392,3 +392,15 @@ def test_reading_an_own_notebook_costs_the_grader_linear_time():
                                   (3, "if A:\n    pass\nelse:\n    C = f()\n" * 20_000)])
     assert time.process_time() - started < 8.0
     assert not kept[0] and kept[1].count("B = 1") == 20_000 and not kept[2] and len(left) == 40_000
+
+
+def test_the_class_notebooks_released_helpers_are_provided_in_the_sandbox(tmp_path):
+    """A student's own-check cell imports kv_helpers.mutants (released beside the notebook): the grader writes
+    the kit's copy where that import finds it, as a package, and lists it apart from the hand-back's files."""
+    from grader.submission import provide_helpers
+
+    written = provide_helpers(str(tmp_path), ["from kv_helpers.mutants import plant\n"])
+    assert written == ["kv_helpers/mutants.py"]
+    assert (tmp_path / "kv_helpers" / "__init__.py").exists()
+    assert "def plant" in (tmp_path / "kv_helpers" / "mutants.py").read_text()
+    assert provide_helpers(str(tmp_path / "other"), ["import numpy\n"]) == []

@@ -87,6 +87,8 @@ def test_the_solved_notebook_earns_the_tier_of_its_sections(solved_report):
     # Graded from the cells that hold them, not "not_attempted" for want of a file.
     assert statuses["cost_model"] == statuses["own_tests"] == statuses["torch_port"] == "pass", statuses
     assert report["mistakes"] == [] and report["score"] == report["max_score"]
+    # What nbgrader's cells and this grade do not share is said in the report too.
+    assert any("live_length" in n and "nbgrader" in n for n in report["notes"]), report["notes"]
 
 
 @pytest.mark.slow  # a second notebook grading with a port (make test-slow); the examples name the mask every run
