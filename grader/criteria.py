@@ -242,16 +242,14 @@ def _layout(config: dict) -> str:
 
 # The attention calls of a memory probe, by the index of the part (between two marks) each is alone in, and
 # by (trial, step) in its records. Parts 2 to 5 are the long row's: its making, prefill and calls.
-MEMORY_CALLS = {"full prefill": 1, "decode": 3, "chunked prefill": 5}
-MEMORY_STEPS = {"full prefill": (0, 0), "decode": (1, 1), "chunked prefill": (1, 2)}
-ROW_PARTS = (2, 3, 4, 5)
+MEMORY_CALLS = {"decode": 1, "chunked prefill": 3}
+MEMORY_STEPS = {"decode": (0, 1), "chunked prefill": (0, 2)}
+ROW_PARTS = (0, 1, 2, 3)
 
 
 def _call_live(config: dict, call: str) -> int:
     """The K/V bytes an attention call of a memory probe reads."""
     item = 8 if config["dtype"] == "float64" else 4
-    if call == "full prefill":  # the layout's prompts (its twin's have as many KV heads as it has query heads)
-        return 2 * config["prompt_B"] * config["Hkv"] * config["prompt_T"] * config["d"] * item
     tokens = config["live"] + (config["chunk"] if call == "chunked prefill" else 0)
     return 2 * config["Hkv"] * tokens * config["d"] * item
 
@@ -278,7 +276,7 @@ def _held(probe, task) -> int:
 
 
 def no_repeat(runs: list, check_output: bool = True, refused: bool = False) -> Criterion:
-    """Prompt, decode and chunked-prefill attention at drawn real layouts, each beside its twin at G = 1.
+    """Decode and chunked-prefill attention at drawn real layouts, each beside its twin at G = 1.
 
     ``runs`` holds ``(probe, task, built)`` per memory probe (``grader.probes``). Each attention call is a
     part of its own between two marks, so what it adds to the memory in use is the kernel's figure of that
@@ -314,14 +312,13 @@ def no_repeat(runs: list, check_output: bool = True, refused: bool = False) -> C
             live = _call_live(c, call)
             ratio = (mine - theirs) / (live * (G - 1))
             worst["repeat_per_head"] = max(worst["repeat_per_head"], ratio)
-            if call != "full prefill":
-                worst["call_held"] = max(worst["call_held"], mine / live / call_held_limit(G) * BOUNDS["call_held"].limit)
+            worst["call_held"] = max(worst["call_held"], mine / live / call_held_limit(G) * BOUNDS["call_held"].limit)
             shown.append(f"{call} +{mine / live:.1f}x (twin +{theirs / live:.1f}x)")
             if per_head.crossed(ratio):
                 named.append((ratio, f"{call} at {_layout(c)} adds {mine / live:.1f}x the K/V it reads "
                                      f"({_mib(live)}), its twin at G = 1 {theirs / live:.1f}x: {ratio:.2f} of a copy "
                                      f"per extra query head"))
-            elif call != "full prefill" and mine / live >= call_held_limit(G):  # a prompt's output alone is G/2
+            elif mine / live >= call_held_limit(G):
                 unheld.append(f"{call} at {_layout(c)} adds {mine / live:.1f}x the K/V it reads, "
                               f"{call_held_limit(G):.1f}x or more, and its twin at G = 1 about as much")
         shown += [f"{call} refused" for call in MEMORY_CALLS if MEMORY_STEPS[call] in refused_steps(task)]
@@ -347,7 +344,7 @@ def no_repeat(runs: list, check_output: bool = True, refused: bool = False) -> C
         return Criterion(cid, "fail", f"{unheld[0]} ({meter}): memory per query head, or half of it at once, "
                          f"whatever the heads (a call that reads in place adds its scores and at most working "
                          f"copies of K and V). Each call's extra memory: {text}", figures=measured)
-    return Criterion(cid, "pass", f"full prefill, decode and chunked prefill measured by {meter}, each call "
+    return Criterion(cid, "pass", f"decode and chunked prefill measured by {meter}, each call "
                      f"against its twin at G = 1, in the K/V it reads: {text} (a repeat would add about G times)",
                      figures=measured)
 

@@ -14,10 +14,10 @@ G = 1 where a repeat is judged, so that no test on the shapes a cache is handed
 tells a measured call from another realistic one. What was drawn goes into the
 report (``describe``). Three purposes:
 
-* ``memory``: per layout, a batch of short prompts (full prefill, T = S), then
-  one row filled to a few thousand tokens, a decode step and a chunk of a few
-  tokens (chunked prefill); each attention call is a part of its own, so a
-  repeat shows in whichever path makes it (``criteria.no_repeat``);
+* ``memory``: per layout, one row filled to a few thousand tokens, a decode
+  step and a chunk of a few tokens (chunked prefill); each attention call is a
+  part of its own, so a repeat shows in whichever path makes it
+  (``criteria.no_repeat``);
 * ``grow``: a short prefill (an eighth of the tokens), then one-token appends
   to the end, a mark every 1/32 of the tokens, and one decode that reads them
   all: a part in which the cache is reallocated and copied holds the old and
@@ -108,18 +108,12 @@ def probes(seed: int) -> list[Probe]:
     for (name, Hq, Hkv, d), dtype in zip(drawn, dtypes):
         live = _tokens(rng.uniform(8, 16) * MIB, Hkv, d, dtype, 1024, 4096)
         chunk = max(2, d // 32)  # few queries beside d: their scores stay small beside the K/V they read
-        prompt_T = chunk
-        prompt_B = int(min(max(rng.uniform(2, 4) * MIB / (2 * Hkv * prompt_T * d * ITEM[dtype]), 32), 512))
         max_len = int((live + chunk) * rng.uniform(1.02, 1.5)) + 8
         base = {"purpose": "memory", "Hkv": int(Hkv), "d": d, "dtype": dtype, "live": live, "chunk": chunk,
-                "prompt_B": prompt_B, "prompt_T": prompt_T, "max_len": max_len, "seed": int(rng.integers(2**31))}
+                "max_len": max_len, "seed": int(rng.integers(2**31))}
         live_bytes = 2 * Hkv * live * d * ITEM[dtype]
-        out.append(Probe(f"memory-{Hq}-{Hkv}", "memory", {**base, "G": Hq // Hkv, "layout": name,
-                                                          "prompt_Hkv": int(Hkv), "prompt_G": Hq // Hkv}, live_bytes))
-        # The twin: the same cache at G = 1, and its prompts with as many KV heads as the layout has query heads
-        # (MHA): a prompt's output and scores are the layout's, while a repeat would add the layout's K/V G times.
-        out.append(Probe(f"memory-{Hkv}-{Hkv}", "memory", {**base, "G": 1, "layout": f"{name}, G = 1",
-                                                           "prompt_Hkv": Hq, "prompt_G": 1}, live_bytes,
+        out.append(Probe(f"memory-{Hq}-{Hkv}", "memory", {**base, "G": Hq // Hkv, "layout": name}, live_bytes))
+        out.append(Probe(f"memory-{Hkv}-{Hkv}", "memory", {**base, "G": 1, "layout": f"{name}, G = 1"}, live_bytes,
                          twin_of=f"memory-{Hq}-{Hkv}"))
     # Growth: one layout, a short prefill, one-token appends to the end.
     name, Hq, Hkv, d = CHECKPOINTS[int(rng.integers(len(CHECKPOINTS)))]
@@ -151,7 +145,7 @@ def probes(seed: int) -> list[Probe]:
 
 def describe(plan_probes: list[Probe]) -> list[dict]:
     """What was drawn, for the report: per probe its purpose, layout, Hq/Hkv, head_dim, dtype and sizes."""
-    keep = ("layout", "dtype", "d", "live", "total", "max_len", "chunk", "prompt_B", "prompt_T", "decodes")
+    keep = ("layout", "dtype", "d", "live", "total", "max_len", "chunk", "decodes")
     return [{"probe": p.name, "purpose": p.purpose, "Hq": p.config["Hkv"] * p.config["G"], "Hkv": p.config["Hkv"],
              **{k: p.config[k] for k in keep if k in p.config}} for p in plan_probes]
 
@@ -200,34 +194,24 @@ def build(probe: Probe, flat, memo: dict | None = None) -> Built:
             S = c["live"] + c["chunk"]
             memo[key] = {"k": _normal(seed, 3, shape=(1, Hkv, S, d), dtype=dtype),
                          "v": _normal(seed, 4, shape=(1, Hkv, S, d), dtype=dtype)}
-            memo[key]["refs"] = {}
-        kv, refs = memo[key], memo[key]["refs"]
-        B, T, live, chunk = c["prompt_B"], c["prompt_T"], c["live"], c["chunk"]
-        Hp, Gp = c["prompt_Hkv"], c["prompt_G"]
-        prompt_k = _normal(seed, 1, Hp, shape=(B, Hp, T, d), dtype=dtype)
-        prompt_v = _normal(seed, 2, Hp, shape=(B, Hp, T, d), dtype=dtype)
-        prompt = _step(flat, prompt_k, prompt_v, [T] * B, dtype)
-        if not refs:  # the twin reads the same inputs
-            refs["prefill"] = _step(flat, kv["k"][:, :, :live - 1], kv["v"][:, :, :live - 1], [live - 1], dtype)
-            refs["decode"] = _step(flat, kv["k"][:, :, live - 1:live], kv["v"][:, :, live - 1:live], [1], dtype)
-            refs["chunk"] = _step(flat, kv["k"][:, :, live:], kv["v"][:, :, live:], [chunk], dtype)
-        q = {"prompt": secret(1, shape=(B, Hp * Gp, T, d)), "decode": secret(2, shape=(1, Hq, 1, d)),
-             "chunk": secret(3, shape=(1, Hq, chunk, d))}
-        weights = _normal(seed, 10, tag, shape=(B,), dtype="float64")
-        trials = [{**trial(B, T + 4, [{**prompt, **asked(q["prompt"]), "mark": True, "mark_after": True,
-                                        "digest": True, "given": [["q", list(q["prompt"].shape)], ["w", [B]]]}]),
-                   "Hkv": Hp, "G": Gp},
-                  trial(1, c["max_len"], [{**refs["prefill"], "attend": False},
+            live, chunk, kv = c["live"], c["chunk"], memo[key]
+            kv["refs"] = {  # the twin reads the same inputs
+                "prefill": _step(flat, kv["k"][:, :, :live - 1], kv["v"][:, :, :live - 1], [live - 1], dtype),
+                "decode": _step(flat, kv["k"][:, :, live - 1:live], kv["v"][:, :, live - 1:live], [1], dtype),
+                "chunk": _step(flat, kv["k"][:, :, live:], kv["v"][:, :, live:], [chunk], dtype)}
+        kv, live = memo[key], c["live"]
+        refs = kv["refs"]
+        q = {"decode": secret(2, shape=(1, Hq, 1, d)), "chunk": secret(3, shape=(1, Hq, c["chunk"], d))}
+        trials = [trial(1, c["max_len"], [{**refs["prefill"], "attend": False},
                                           {**refs["decode"], **asked(q["decode"]), "mark": True, "mark_after": True,
                                            "given": [["q", list(q["decode"].shape)]]},
                                           {**refs["chunk"], **asked(q["chunk"]), "mark": True,
                                            "given": [["q", list(q["chunk"].shape)]]}])]
-        # Marks: 1 before the prompt's attention (its query and weights), 2 after it (its digest), 3 before
-        # the decode (its query), 4 after it (its output), 5 before the chunk (its query), 6 after it (output).
-        marks = [q["prompt"].tobytes() + weights.tobytes(), b"", q["decode"].tobytes(), b"", q["chunk"].tobytes()]
-        expect = {2: weights @ reference(q["prompt"], prompt_k, prompt_v).reshape(B, -1),
-                  4: reference(q["decode"], kv["k"][:, :, :live], kv["v"][:, :, :live]),
-                  6: reference(q["chunk"], kv["k"], kv["v"])}
+        # Marks: 1 before the decode (its query), 2 after it (its output), 3 before the chunk (its query), 4 after
+        # it (its output).
+        marks = [q["decode"].tobytes(), b"", q["chunk"].tobytes()]
+        expect = {2: reference(q["decode"], kv["k"][:, :, :live], kv["v"][:, :, :live]),
+                  4: reference(q["chunk"], kv["k"], kv["v"])}
         return Built(trials, marks, {i: e.ravel() for i, e in expect.items()})
     if c["purpose"] == "grow":
         total, prefill, every = c["total"], c["prefill"], c["every"]
