@@ -36,6 +36,7 @@ MAX_ZIP_ENTRIES = 60_000
 MAX_ZIP_DIRECTORY_BYTES = 16 * 2**20  # ... or with a larger central directory (a venv's paths: ~150 bytes each)
 MAX_DEPTH = 16  # folders deep past which nothing of a hand-back is read (a zip's entries, a folder's files)
 MAX_NOTEBOOK_BYTES = 16 * 2**20  # parsed in the grader's process: bounded
+MAX_NOTEBOOK_CONTAINERS = 100_000  # JSON objects and lists in it, bounded too (the class notebook: about 2,000)
 MAX_TOTAL_BYTES = 8 * 2**20
 # Files and folders a hand-back may lay out (a candidate's work is a few dozen), counted before any is copied:
 # well below what the sandbox's working folder holds (``launch.WORKDIR_INODES``, 20,000), which the
@@ -166,6 +167,17 @@ def _read_notebook(path: str):
         raise SubmissionError(f"{path}: not a regular file")
     if os.path.getsize(path) > MAX_NOTEBOOK_BYTES:
         raise SubmissionError(f"{path}: a notebook larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB")
+    # Parsing and validating costs the grader's own process per JSON object and list, not per byte (5.6 million
+    # empty objects in 16 MiB of metadata took a minute and 5 GB): counted first, as braces and brackets
+    # (an upper bound: those inside strings count too).
+    with open(path, "rb") as f:
+        raw = f.read(MAX_NOTEBOOK_BYTES + 1)
+    containers = raw.count(b"{") + raw.count(b"[")
+    del raw
+    if containers > MAX_NOTEBOOK_CONTAINERS:
+        raise SubmissionError(f"{path}: a notebook of about {containers:,} JSON objects and lists (cells, outputs, "
+                              f"metadata), more than the {MAX_NOTEBOOK_CONTAINERS:,} the grader reads; clear its "
+                              f"outputs and hand it back with only its own cells")
     try:
         import warnings
 
@@ -216,19 +228,21 @@ def cell_parts(cell) -> tuple[str, object] | None:
     """
     if cell.cell_type != "code":
         return None
-    source = cell.source
-    while True:
-        stripped = source.lstrip()
-        if not stripped.startswith("%%"):
-            return "code", _code_lines(source)
-        first, _, body = stripped.partition("\n")
-        words = first[2:].split(None, 1)
+    source, start = cell.source, 0
+    while True:  # one pass: each magic line is stepped over by its offset, the cell never copied until the end
+        while start < len(source) and source[start].isspace():
+            start += 1
+        if not source.startswith("%%", start):
+            return "code", _code_lines(source[start:])
+        end = source.find("\n", start)
+        end = len(source) if end < 0 else end
+        words = source[start + 2:end].split(None, 1)
         magic = words[0] if words else ""
+        start = end + 1
         if magic in RUN_BODY_MAGICS:
-            source = body
             continue
         if magic == WRITEFILE_MAGIC:
-            return "writefile", (words[1].strip() if len(words) > 1 else "", body)
+            return "writefile", (words[1].strip() if len(words) > 1 else "", source[start:])
         return "dropped", magic[:40]
 
 
@@ -929,6 +943,11 @@ def check_count(path: str, files: list[str]) -> None:
         f"tests, cost.py, the port) without generated files, data or environments")
 
 
+def _shown(rel: str, limit: int = 120) -> str:
+    """A hand-back's relative path for a reason: its end, cut, so a path of thousands of bytes stays short."""
+    return rel if len(rel) <= limit else "..." + rel[-limit:]
+
+
 def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]:
     """Copy the submission at ``path`` into the empty ``workdir``; return the files written.
 
@@ -986,8 +1005,13 @@ def materialize(path: str, workdir: str, notes: list | None = None) -> list[str]
         if size > MAX_FILE_BYTES or total + size > MAX_TOTAL_BYTES:
             continue
         total += size
-        os.makedirs(os.path.dirname(os.path.join(workdir, rel)) or workdir, exist_ok=True)
-        shutil.copyfile(src, os.path.join(workdir, rel))
+        try:
+            os.makedirs(os.path.dirname(os.path.join(workdir, rel)) or workdir, exist_ok=True)
+            shutil.copyfile(src, os.path.join(workdir, rel))
+        except OSError as exc:  # a path the grader's folder cannot hold (too long, ...): the hand-back's doing
+            raise SubmissionError(f"{path}: its file {_shown(rel)} could not be laid out for grading "
+                                  f"({exc.strerror or type(exc).__name__}); hand back your files in a "
+                                  f"shallower folder with shorter names") from exc
         written.append(rel)
     if venvs_aside:
         notes.append(_venv_note(venvs_aside))

@@ -404,3 +404,53 @@ def test_the_class_notebooks_released_helpers_are_provided_in_the_sandbox(tmp_pa
     assert (tmp_path / "kv_helpers" / "__init__.py").exists()
     assert "def plant" in (tmp_path / "kv_helpers" / "mutants.py").read_text()
     assert provide_helpers(str(tmp_path / "other"), ["import numpy\n"]) == []
+
+
+def test_a_path_too_long_to_lay_out_is_the_hand_backs_doing(tmp_path):
+    """A file 15 folders down whose path the grader's own folder cannot hold (4,095 bytes plus the folder's
+    prefix): not graded with the reason, never a grader_error (it was one before)."""
+    from grader.submission import SubmissionError, materialize
+
+    hand_back = tmp_path / "h"
+    hand_back.mkdir()
+    (hand_back / "kv_cache.py").write_text("x = 1\n")
+    deep = hand_back
+    for i in range(15):
+        deep = deep / (chr(ord("a") + i) * 254)
+    try:
+        deep.mkdir(parents=True)
+        (deep / "notes.md").write_text("deep\n")
+    except OSError:
+        pytest.skip("this file system does not take paths this long")
+    with pytest.raises(SubmissionError, match="could not be laid out"):
+        materialize(str(hand_back), str(tmp_path / ("w" * 200)), [])
+
+
+def test_a_notebook_of_millions_of_json_objects_is_refused_before_it_is_parsed(tmp_path):
+    import json
+    import time
+
+    from grader.submission import SubmissionError, notebook_files
+
+    nb = {"cells": [{"cell_type": "code", "source": "x = 1\n", "metadata": {}, "outputs": [],
+                     "execution_count": None}], "metadata": {"x": [{}] * 2_000_000}, "nbformat": 4,
+          "nbformat_minor": 5}
+    path = tmp_path / "padded.ipynb"
+    path.write_text(json.dumps(nb, separators=(",", ":")))
+    started = time.process_time()
+    with pytest.raises(SubmissionError, match="JSON objects and lists"):
+        notebook_files(str(path))
+    assert time.process_time() - started < 2
+
+
+def test_nested_cell_magics_are_read_in_one_pass():
+    import time
+
+    import nbformat
+
+    from grader.submission import cell_parts
+
+    cell = nbformat.v4.new_code_cell("%%time\n" * 140_000 + "x = 1\n")
+    started = time.process_time()
+    assert cell_parts(cell) == ("code", "x = 1\n") or cell_parts(cell)[1].strip() == "x = 1"
+    assert time.process_time() - started < 1.0
