@@ -41,7 +41,7 @@ BOUNDS = {b.id: b for b in (
           "CPU time per one-token append in the appends' last half against their first part (live K/V 4 to 8 "
           "times smaller): a copy on every append costs in proportion to the length"),
     Bound("scan", 3.0, 1.5,
-          "CPU time of the same decode steps in a reservation 6 to 10 times larger against a little above the live "
+          "CPU time of the same decode steps in a reservation 8 to 11 times larger against a little above the live "
           "length, the cheaper of two runs each: attention over max_len"),
 )}
 
