@@ -18,9 +18,8 @@ report (``describe``). Three purposes:
   step and a chunk of a few tokens (chunked prefill); each attention call is a
   part of its own, so a repeat shows in whichever path makes it
   (``criteria.no_repeat``);
-* ``grow``: a short prefill (an eighth of the tokens), then one-token appends
-  to the end, a mark every 1/32 of the tokens, and one decode that reads them
-  all: a part in which the cache is reallocated and copied holds the old and
+* ``grow``: a prefill of half the tokens, then one-token appends to the end,
+  a mark every 1/32 of the tokens, and one decode that reads them all: a part in which the cache is reallocated and copied holds the old and
   the new buffer at once (``criteria.in_place``);
 * ``scan``: the same decode steps in a reservation a little above the live
   length and in one many times larger, each twice; the steps after the first
@@ -115,14 +114,17 @@ def probes(seed: int) -> list[Probe]:
         out.append(Probe(f"memory-{Hq}-{Hkv}", "memory", {**base, "G": Hq // Hkv, "layout": name}, live_bytes))
         out.append(Probe(f"memory-{Hkv}-{Hkv}", "memory", {**base, "G": 1, "layout": f"{name}, G = 1"}, live_bytes,
                          twin_of=f"memory-{Hq}-{Hkv}"))
-    # Growth: one layout, a short prefill, one-token appends to the end.
+    # Growth: one layout, a prefill of half the tokens, one-token appends to the end.
     name, Hq, Hkv, d = CHECKPOINTS[int(rng.integers(len(CHECKPOINTS)))]
     dtype = DTYPES[int(rng.integers(2))]
-    total = _tokens(rng.uniform(8, 16) * MIB, Hkv, d, dtype, 1024, 8192)
+    # Half the tokens in the prefill: one of K or V then holds 2 MiB or more when the appends start, well above
+    # what the kernel charges a cgroup ahead of use, and the half appended holds one doubling whatever the
+    # capacity a doubling cache started from.
+    total = _tokens(rng.uniform(12, 24) * MIB, Hkv, d, dtype, 2048, 8192)
     # The appends at the layout's KV heads; the one attention that closes them at G = 1, so that its own
     # memory (scores) stays small beside the cache's whatever the layout.
     cfg = {"purpose": "grow", "layout": f"{name}, G = 1", "Hkv": Hkv, "G": 1, "d": d, "dtype": dtype, "total": total,
-           "prefill": total // 8, "every": max(total // 32, 1), "max_len": total + int(rng.integers(8, 64)),
+           "prefill": total // 2, "every": max(total // 32, 1), "max_len": total + int(rng.integers(8, 64)),
            "seed": int(rng.integers(2**31))}
     out.append(Probe("grow", "grow", cfg, 2 * Hkv * total * d * ITEM[dtype]))
     # Live length: one layout, the same decode steps in a small and a large reservation, twice each.

@@ -149,8 +149,9 @@ def summary_csv(reports: list[dict], rubric=None, audience: str = "hiring") -> s
     n = len(graded(reports))
     counts = tier_counts(reports)
     label = _label(rubric, audience)
-    for t in TIERS:
-        writer.writerow(["tier", t, label(t), counts.get(t, 0), n, f"{counts.get(t, 0) / n:.4f}" if n else ""])
+    for t in TIERS:  # a class's summary names its tiers in its own words, in the id column too
+        writer.writerow(["tier", t if audience == "hiring" else label(t), label(t), counts.get(t, 0), n,
+                         f"{counts.get(t, 0) / n:.4f}" if n else ""])
     for cid, title, passed, total in rates(reports):
         writer.writerow(["criterion", cid, title, passed, total, f"{passed / total:.4f}" if total else ""])
     for m, c in sorted(mistake_counts(reports).items()):
