@@ -53,3 +53,15 @@ def test_the_progress_timings_name_the_command_that_measures_them_and_meet_its_t
     op, limit, _ = bench.TARGETS["progress_first_message_s"]
     assert op == "<=" and float(match[1]) <= limit and float(match[2]) <= limit, match[0]
     assert int(match[3]) == bench.settings(quick=False)["progress_rounds"]
+
+
+def test_the_notebooks_total_is_its_graded_cells_points():
+    match = re.search(r"a total of (\d+), the rubric's (\d+) less `live_length`", section("Classroom: the nbgrader notebook"))
+    assert match, "the classroom section no longer says the notebook's total"
+    nb = nbformat.read(ROOT / "notebooks" / "source" / "kv_cache" / "kv_cache.ipynb", as_version=4)
+    points = sum(c.metadata["nbgrader"].get("points", 0) for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade"))
+    from grader import rubric
+
+    r = rubric.load()
+    assert round(points) == int(match[1]) and round(r.max_score) == int(match[2])
+    assert round(r.max_score - r.criteria["live_length"]["points"]) == int(match[1])
