@@ -130,8 +130,8 @@ def probes(seed: int) -> list[Probe]:
     # Live length: one layout, the same decode steps in a small and a large reservation, twice each.
     name, Hq, Hkv, d = CHECKPOINTS[int(rng.integers(len(CHECKPOINTS)))]
     dtype = DTYPES[int(rng.integers(2))]
-    live = _tokens(rng.uniform(4, 8) * MIB, Hkv, d, dtype, 1024, 1536)
-    decodes = int(rng.integers(48, 81))
+    live = _tokens(rng.uniform(2, 4) * MIB, Hkv, d, dtype, 768, 1536)
+    decodes = int(rng.integers(32, 49))
     small = int((live + decodes) * rng.uniform(1.02, 1.2)) + 8
     # 8 to 11 times larger: a scan reads the never-written part as the kernel's zero page, cheaply, so it costs
     # about 0.65 times the ratio (measured); at most 18,000 tokens, where a float64 mask table of max_len^2
