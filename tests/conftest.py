@@ -94,7 +94,8 @@ def variant_reports(tmp_path_factory):
 BATCH_GROUPS = {"example_reports": "examples", "variant_reports": "examples-variants",
                 ("test_attacks.py", "graded"): "attacks",
                 ("test_attacks.py", "graded_measured"): "attacks-measured", ("test_hostile.py", "graded"): "hostile",
-                ("test_hostile.py", "graded_exhausting"): "hostile-exhausting"}
+                ("test_hostile.py", "graded_exhausting"): "hostile-exhausting",
+                ("test_handback_bounds.py", "graded"): "handbacks"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups

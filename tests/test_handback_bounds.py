@@ -103,6 +103,7 @@ def graded(tmp_path_factory):
     return {r["submission"]: r for r in json.loads(out.read_text())}
 
 
+@pytest.mark.slow  # one batch of six gradings and 40,000 files (make test-slow, CI)
 def test_empty_files_that_fill_the_sandbox_gain_nothing_over_their_control(graded):
     """A Weak hand-back beside 20,000 empty files (a zip, a folder) was a grader_error, with no tier and no
     mistakes; its control is Weak with kv_repeat. Now refused before anything is copied, with the count."""
@@ -115,6 +116,7 @@ def test_empty_files_that_fill_the_sandbox_gain_nothing_over_their_control(grade
         assert "hand back only your work" in report["tier_reason"]
 
 
+@pytest.mark.slow  # one batch of six gradings and 40,000 files (make test-slow, CI)
 def test_a_module_the_grading_environment_lacks_is_not_a_verdict(graded):
     """Right code that imports scipy (not installed here) was graded Weak 0, "nothing could be measured"."""
     assert importable("scipy") is False, "scipy is installed: the fixture needs an environment without it"
@@ -125,6 +127,7 @@ def test_a_module_the_grading_environment_lacks_is_not_a_verdict(graded):
     assert "hand back a version without it" in report["tier_reason"]
 
 
+@pytest.mark.slow  # one batch of six gradings and 40,000 files (make test-slow, CI)
 def test_an_own_notebook_is_graded_on_its_definitions(graded):
     """A right answer under %%time, with exploration around it that fails if run and a guarded scipy import:
     the honest verdict (Hire, as hire_basic's kv_cache.py alone), and a note of what was left out."""
