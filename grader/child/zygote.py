@@ -177,17 +177,21 @@ class _Relay:
         self.task, self.call_fd, self.reply_fd, self.lock = task, call_fd, reply_fd, lock
         self.buffer = bytearray()  # grows in place: a large call is read in linear time
 
-    def pump(self, deadline: float) -> bool:
-        """Read what the task sent and relay every whole call in it; False once the relay has ended."""
-        import contextlib
-
+    def _read_more(self) -> bool:
+        """Add what the task wrote to the buffer; False at its end (the pipe closed)."""
         try:
             data = os.read(self.call_fd, 1 << 20)
         except OSError:
             data = b""
-        if not data:
-            return self.close()
         self.buffer += data
+        return bool(data)
+
+    def pump(self, deadline: float) -> bool:
+        """Read what the task sent and relay every whole call in it; False once the relay has ended."""
+        import contextlib
+
+        if not self._read_more():
+            return self.close()
         while True:
             try:
                 call, blob, rest = protocol.decode(self.buffer)
@@ -391,26 +395,19 @@ def _proc_figures(pid: int) -> dict:
 MARK_PAYLOAD_LIMIT = 4 * 2**20  # bytes a mark may send: the output of a probe's measured calls
 
 
-class _Marks:
+class _Marks(_Relay):
     """A trials task's measurement points: each mark the task writes (``b"M"``, an 8-byte length, that many
     bytes of output) is relayed to the parent with the kernel's figures of the task, and the parent's go
-    (and what it carries) is written back.
-
-    Duck-typed as a :class:`_Relay` for :func:`_read_answer` (``call_fd``, ``pump``, ``close``).
+    (and what it carries) is written back (``reply_fd``).
     """
 
     def __init__(self, task: str, pid: int, mark_fd: int, go_fd: int):
-        self.task, self.pid, self.call_fd, self.go_fd = task, pid, mark_fd, go_fd
-        self.buffer = bytearray()
+        super().__init__(task, mark_fd, go_fd)
+        self.pid = pid
 
     def pump(self, deadline: float) -> bool:
-        try:
-            data = os.read(self.call_fd, 1 << 20)
-        except OSError:
-            data = b""
-        if not data:
+        if not self._read_more():
             return self.close()
-        self.buffer += data
         while len(self.buffer) >= 9:
             size = int.from_bytes(self.buffer[1:9], "little")
             if self.buffer[:1] != b"M" or size > MARK_PAYLOAD_LIMIT:
@@ -426,16 +423,9 @@ class _Marks:
             # Armed: what this process holds to hand over is made now, before the parent takes its figures, and
             # writing it out allocates nothing, so the part that starts at the go holds nothing of ours.
             _send({"ev": "armed", "task": self.task})
-            if not go or not _receive().get("deliver") or not _write_by(self.go_fd, go, deadline):
+            if not go or not _receive().get("deliver") or not _write_by(self.reply_fd, go, deadline):
                 return self.close()
         return True
-
-    def close(self) -> bool:
-        for fd in (self.call_fd, self.go_fd):
-            if fd is not None:
-                _close_tracked(fd)
-        self.call_fd = self.go_fd = None
-        return False
 
 
 def run_parallel(group: list, job: dict, tasks, width: int) -> None:
