@@ -350,14 +350,15 @@ def no_repeat(runs: list, check_output: bool = True, refused: bool = False) -> C
                      figures=measured)
 
 
-def in_place(runs: list, explain: list | None = None, check_output: bool = True) -> Criterion:
+def in_place(runs: list, explain: list | None = None, check_output: bool = True, copy_s: float = 0.0) -> Criterion:
     """One-token appends from a prefill of half the tokens to the end, a mark every 1/32 of them: the kernel's figures.
 
     ``runs`` is ``[(probe, task, built)]`` for the growth probe (``grader.probes``). Written in place, the
     memory in use only grows as pages are first written, and each append costs the same whatever the
     length. Reallocated and copied (by concatenation, in steps, or by doubling), a part holds the old buffer
     beside its copy and ends below its peak (``growth_held``), and a copy on every append costs in
-    proportion to the length (``growth_cpu``). ``explain`` adds what in-process meters saw (buffer identity),
+    proportion to the length (``growth_cpu``, in copies of the cache per append; ``copy_s`` is the CPU time the
+    parent takes to copy the probe's K/V at its end once). ``explain`` adds what in-process meters saw (buffer identity),
     as explanation only. ``check_output`` is off when decode is wrong on the hidden trials too: the closing
     decode's wrong output is then that mistake, and the figures stand.
     """
@@ -385,22 +386,20 @@ def in_place(runs: list, explain: list | None = None, check_output: bool = True)
             beyond = part["peak"] - part["start"] - count * per_token - CHARGE_SLACK
             held.append(beyond / (start * per_token / 2))
         if part["cpu_s"] is not None and count > 1:
-            cpu.append((start, part["cpu_s"] / count))
+            # CPU time per append, in copies of the K/V the cache held at the stretch's start (``copy_s``: one
+            # copy of all of it at the end, timed by the parent in this run).
+            cpu.append(part["cpu_s"] / count / (copy_s * start / c["total"]) if copy_s > 0 else None)
     held_figure = max(held) if held else None
-    late = [per for start, per in cpu if start >= (c["prefill"] + c["total"]) // 2]  # the appends' last half
-    cpu_figure = (sum(late) / len(late)) / cpu[0][1] if late and cpu and cpu[0][1] > 0 else None
-    if stopped and cpu:
-        last = cpu[-1]  # the appends ran out of time: their own pace, from the parts that finished
-        cpu_figure = cpu_figure or (last[1] / cpu[0][1] if cpu[0][1] > 0 and len(cpu) > 1 else None)
+    timed = sorted(x for x in cpu if x is not None)
+    cpu_figure = timed[len(timed) // 2] if timed else None  # the median stretch: a copy on most appends
     text = (f"{c['total'] - c['prefill']:,} one-token appends after a prefill of {c['prefill']:,} tokens at "
             f"{_layout(c)} ({_mib(probe.live_bytes)} of K/V at the end)"
             + (", stopped for their time" if stopped else "") + ": "
             + (f"the most any stretch of {c['every']:,} appends held beyond the tokens it wrote was "
                f"{max(held_figure, 0.0):.2f} times the live K (a copy of the cache holds its old K beside the new: "
                f"1 or more)" if held_figure is not None else "no memory figure per stretch of appends")
-            + (f"; an append cost {cpu_figure:.1f}x as much CPU in the last half of the appends as in the first "
-               f"stretch (a copy on every append costs in proportion to the length)"
-               if cpu_figure is not None else ""))
+            + (f"; an append cost the CPU time of {cpu_figure:.2f} copies of the cache (the median stretch; a copy "
+               f"on every append is 1)" if cpu_figure is not None else ""))
     measured = {k: round(v, 3) for k, v in (("growth_held", held_figure), ("growth_cpu", cpu_figure)) if v is not None}
     if held_figure is None and cpu_figure is None:
         return Criterion(cid, "error", text + ": no figure to judge by" + (f" ({why})" if why else ""))

@@ -162,7 +162,9 @@ def _measured_criteria(runs: dict, explain: list, decode_ok: bool = True, refuse
     (unless the calls are wrong on the hidden trials too: then a wrong probe output is the same mistake).
     ``refused``: chunked prefill was refused with a clear error, so the probes' chunks may be too."""
     scan = runs.get("scan", [])
-    in_place = criteria_mod.in_place(runs.get("grow", []), explain=explain, check_output=decode_ok)
+    grow = runs.get("grow", [])
+    copy_s = run_mod.copy_seconds(grow[0][0].live_bytes) if grow else 0.0
+    in_place = criteria_mod.in_place(grow, explain=explain, check_output=decode_ok, copy_s=copy_s)
     return {
         "preallocated_in_place": in_place,
         "no_kv_repeat": criteria_mod.no_repeat(runs.get("memory", []), decode_ok, refused=refused),
