@@ -65,3 +65,12 @@ def test_the_notebooks_total_is_its_graded_cells_points():
     r = rubric.load()
     assert round(points) == int(match[1]) and round(r.max_score) == int(match[2])
     assert round(r.max_score - r.criteria["live_length"]["points"]) == int(match[1])
+
+
+def test_the_bundled_example_count_is_the_catalogues():
+    match = re.search(r"the (\d+) bundled examples in", flat(README))
+    assert match, "the performance table no longer says how many bundled examples it graded"
+    import tomllib
+
+    with open(ROOT / "catalogue" / "examples" / "expected.toml", "rb") as f:
+        assert int(match[1]) == len(tomllib.load(f))
