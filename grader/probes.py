@@ -6,7 +6,8 @@ takes the kernel's figures (CPU seconds, memory in use, the highest use since
 the mark before) and starts a new peak period, so every figure is about one
 part of the run. The first mark follows the import: nothing the submission's
 module runs at import counts. A measured attention gets its query only at the
-mark before it (``"q": "go"``), so no work on that query can happen earlier.
+mark before it (``"q": "go"``) and must send its output with the mark after
+it, so its work lies between the two whatever the process does.
 
 The layouts are drawn per seed from real checkpoints (``CHECKPOINTS``), with
 dtypes, lengths and reservations drawn too, each layout beside its twin at
@@ -18,13 +19,15 @@ report (``describe``). Three purposes:
   step and a chunk of a few tokens (chunked prefill); each attention call is a
   part of its own, so a repeat shows in whichever path makes it
   (``criteria.no_repeat``);
-* ``grow``: a prefill of half the tokens, then one-token appends to the end,
-  a mark every 1/32 of the tokens, and one decode that reads them all: a part in which the cache is reallocated and copied holds the old and
-  the new buffer at once (``criteria.in_place``);
+* ``grow``: a prefill of half the tokens, then one-token appends to the end
+  (their order given at the prefill's mark), a mark every 1/32 of the tokens,
+  and one decode at G = 1 that reads them all: a stretch in which the cache is
+  reallocated and copied holds the old and the new buffer at once, and a copy
+  on every append costs a copy's CPU time (``criteria.in_place``);
 * ``scan``: the same decode steps in a reservation a little above the live
-  length and in one many times larger, each twice; the steps after the first
-  are one part, so what making the cache costs (a ``max_len``^2 mask table)
-  counts in neither (``criteria.live_length``).
+  length and in one 8 to 11 times larger, each twice; the steps from the
+  second on are one part, so what making the cache costs (a ``max_len``^2 mask
+  table) counts in neither (``criteria.live_length``).
 
 The bounds these figures are judged by are in ``grader.bounds``; how they were
 measured is in docs/measurement.md.
