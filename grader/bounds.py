@@ -38,8 +38,8 @@ BOUNDS = {b.id: b for b in (
           "in a run of one-token appends, a part's peak above its end, in live K (or V) at its start: the old "
           "buffer held beside its copy, K's and V's one after the other (a cache written in place frees nothing)"),
     Bound("growth_cpu", 0.3, 1.5,
-          "CPU time per one-token append, in copies of the K/V the cache holds (the median stretch; a copy timed by "
-          "the parent in the same run): a copy on every append is 1, wherever it is made (another process too)"),
+          "CPU time per one-token append, in copies of the K/V the cache holds (the median stretch; a copy from main "
+          "memory timed by the parent in the same run): a copy on every append is 1, wherever it is made (another process too)"),
     Bound("scan", 3.0, 1.5,
           "CPU time of the same decode steps in a reservation 8 to 11 times larger against a little above the live "
           "length, the cheaper of two runs each: attention over max_len"),

@@ -280,3 +280,14 @@ def test_every_bound_has_a_rule_and_a_margin_above_one():
     for bound in bounds.BOUNDS.values():
         assert bound.rule and bound.margin > 1 and bound.limit > 0
     assert bounds.call_held_limit(16) > bounds.call_held_limit(2) >= bounds.BOUNDS["call_held"].limit
+
+
+def test_the_copy_unit_is_a_copy_from_main_memory_whatever_the_probes_size():
+    """The growth CPU figure's unit scales with the bytes: a small probe's cache would fit in the processor's
+    cache and copy two to three times faster, and a constant per-append overhead would read as a fraction of
+    a copy that grows as the probe shrinks."""
+    from grader import run
+
+    small, large = run.copy_seconds(4 * MIB), run.copy_seconds(64 * MIB)
+    assert small > 0 and large == pytest.approx(16 * small)
+    assert run.COPY_SAMPLE >= 128 * MIB  # beyond the last-level caches (32 MiB on the CI machine's EPYC)
