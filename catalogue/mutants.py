@@ -182,7 +182,7 @@ def _keeper(mistake_id: str, KVCache, gqa_attention):
 
     The proxies below hold nothing but ``send``. This runs in the learner's own
     process (step 7, the notebook), where nothing is at stake; the grader keeps
-    the variant out of the candidate's process altogether (``grader/variants.py``
+    the variant out of the candidate's process altogether (``grader/stages/variants.py``
     applies ``attention_as`` and ``append_as`` there, on the oracle).
     """
     caches, request = {}, (yield None)

@@ -1,6 +1,6 @@
 """``python -m grader`` is ``kvkit grade``."""
 import sys
 
-from grader.cli import main
+from grader.batch.cli import main
 
 sys.exit(main())

@@ -8,13 +8,13 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {
-    "grade": ("grader.cli", "main", "grade submissions (no argument: the bundled examples)"),
-    "gradescope": ("grader.gradescope", "main", "build a Gradescope autograder bundle"),
+    "grade": ("grader.batch.cli", "main", "grade submissions (no argument: the bundled examples)"),
+    "gradescope": ("grader.batch.gradescope", "main", "build a Gradescope autograder bundle"),
     "progress": ("kvkit.progress", "progress_main", "show the learner's steps, done or pending"),
     "hint": ("kvkit.progress", "hint_main", "the next hint for the current step"),
     "starter": ("kvkit.starter", "main", "build the candidate's take-home bundle"),
     "bench": ("benchmarks.bench", "main", "measure the costs and speeds against the physical limit"),
-    "cost": ("kvkit.cost_table", "print_cost_table", "print the cost table: why the cache is allocated once"),
+    "cost": ("grader.shipped.cost_table", "print_cost_table", "print the cost table: why the cache is allocated once"),
 }
 
 

@@ -179,7 +179,7 @@ assert np.array_equal(cache.k[0, :, 3], tokens[0, :, 0])
 assert np.array_equal(cache.k[1, :, 1:3], tokens[1, :, :2])
 assert cache.k is k_buffer and cache.v is v_buffer
 ### BEGIN HIDDEN TESTS
-from grader.checks import check
+from grader.inprocess.checks import check
 
 result = check("preallocated_in_place", KVCache, None)
 assert result.passed, result.message
@@ -200,7 +200,7 @@ assert cache.lens.tolist() == lens_before.tolist(), "a failed append must leave 
 assert np.array_equal(cache.k, k_before) and np.array_equal(cache.v, v_before), \
     "a failed append must not write any row (check every row first)"
 ### BEGIN HIDDEN TESTS
-from grader.checks import check
+from grader.inprocess.checks import check
 
 result = check("overflow_atomic", KVCache, None)
 assert result.passed, result.message
@@ -527,7 +527,7 @@ assert np.allclose(out[0, 13], v_one[0, 13 // 4]), "query head 13 must read KV h
 for h in range(32):
     assert np.allclose(out[0, h], v_one[0, h // 4]), f"query head {h} must read KV head {h // 4}"
 ### BEGIN HIDDEN TESTS
-from grader.checks import check
+from grader.inprocess.checks import check
 
 with quietly():
     result = check("head_mapping", KVCache, gqa_attention)
@@ -553,7 +553,7 @@ finally:
 assert peak < 4 * live_k, (f"a decode step at G = 8 allocated {peak:,} B at its peak, {peak / live_k:.1f}x the live K: "
                            f"is K or V copied out to every query head?")
 ### BEGIN HIDDEN TESTS
-from grader.checks import check
+from grader.inprocess.checks import check
 
 # No K/V copied per query head: peak bytes allocated by a decode step at G = 8 (the grader's probe).
 with quietly():
@@ -566,7 +566,7 @@ for cached in (1, 4, 9):
     full, step = prefill_then_chunk(cached, 1)
     assert np.allclose(step, full), f"decode after {cached} tokens differs from the full prefill's last row"
 ### BEGIN HIDDEN TESTS
-from grader.checks import check
+from grader.inprocess.checks import check
 
 with quietly():
     result = check("decode", KVCache, gqa_attention)
@@ -586,7 +586,7 @@ scores = k[0, 0] @ q[0, 1, 4] / math.sqrt(4)  # the last token sees all 5 keys
 weights = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
 assert np.allclose(out[0, 1, 4], weights @ v[0, 0]), "softmax(q k^T / sqrt(d)) v over keys 0 .. 4"
 ### BEGIN HIDDEN TESTS
-from grader.checks import check
+from grader.inprocess.checks import check
 
 with quietly():
     result = check("full_prefill", KVCache, gqa_attention)
@@ -599,7 +599,7 @@ for cached, T in ((5, 3), (1, 2), (6, 4)):
     assert np.allclose(chunk, full), \
         f"a chunk of {T} tokens after {cached} cached ones differs from the full prefill: is the mask offset?"
 ### BEGIN HIDDEN TESTS
-from grader.checks import check
+from grader.inprocess.checks import check
 
 with quietly():
     result = check("chunked_prefill", KVCache, gqa_attention)
@@ -616,7 +616,7 @@ for out, outs, counts in calls:
         assert np.allclose(out[b:b + 1, :, :n], outs[b][:, :, :n]), \
             f"row {b} of the batch differs from the row alone (tokens per row: {counts.tolist()})"
 ### BEGIN HIDDEN TESTS
-from grader.checks import check
+from grader.inprocess.checks import check
 
 with quietly():
     # Ragged steps without a chunk after cached tokens: a chunk-local mask loses only the chunked points.
@@ -635,7 +635,7 @@ empty = KVCache(2, 2, 4, 4)
 assert np.array_equal(gqa_attention(np.ones((2, 4, 3, 4), dtype=np.float32), empty, np.array([0, 0])),
                       np.zeros((2, 4, 3, 4))), "an all-empty cache gives zeros"
 ### BEGIN HIDDEN TESTS
-from grader.checks import check
+from grader.inprocess.checks import check
 
 result = check("padding", KVCache, gqa_attention)
 assert result.passed, result.message
@@ -1045,12 +1045,12 @@ assert split.k is k_buffer and split.k.data_ptr() == k_pointer, "append must wri
 assert chunk.device == q_all.device and chunk.dtype == q_all.dtype
 assert torch.allclose(chunk, full[:, :, cached:]), "a chunk after cached tokens must match the full prefill"
 ### BEGIN HIDDEN TESTS
-from grader.checks import check
+from grader.inprocess.checks import check
 
 torch.set_num_threads(1)  # thousands of tiny ops: one thread is fastest, and immune to oversubscription
 
 
-from grader.checks import torch_as_numpy
+from grader.inprocess.checks import torch_as_numpy
 
 facing = torch_as_numpy(KVCacheTorch, gqa_attention_torch)  # NumPy in and out, so every check applies
 for name in ("decode", "full_prefill", "chunked_prefill", "ragged_rows", "padding"):

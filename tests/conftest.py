@@ -20,7 +20,7 @@ import tomllib
 
 import pytest
 
-from grader.submission import without_iri_format_checker
+from grader.stages.layout import without_iri_format_checker
 
 without_iri_format_checker()  # before any test module imports nbformat or jsonschema (2 CPU-s a worker)
 

@@ -1093,8 +1093,8 @@ def test_a_fifo_handed_back_as_a_notebook_or_a_file_blocks_nothing(tmp_path):
     import json
     import signal
 
-    from grader.grade import Options, grade
-    from grader.submission import hand_back_sha256, materialize
+    from grader.stages.grade import Options, grade
+    from grader.stages.layout import hand_back_sha256, materialize
 
     code = open(os.path.join(ROOT, "catalogue", "examples", "hire_basic", "kv_cache.py")).read()
     cell = {"cell_type": "code", "metadata": {}, "source": code, "outputs": [], "execution_count": None, "id": "a"}
@@ -1124,7 +1124,7 @@ def test_zip_of_many_entries_is_refused_fast(tmp_path):
     entry (zipfile would read the whole directory by its announced size, in the grader's own process)."""
     import struct
 
-    from grader.grade import Options, grade
+    from grader.stages.grade import Options, grade
 
     path = tmp_path / "many.zip"
     path.write_bytes(_zip_of_empty_files(65_000, pad=250))
@@ -1146,7 +1146,7 @@ def test_many_venv_markers_cost_no_more_than_many_files(tmp_path):
     """59,990 folders each holding a pyvenv.cfg, under the zip's bounds, beside the candidate's kv_cache.py:
     each entry is looked up by its folders, not tested against every venv (that took the parent about a
     minute of CPU). The bound is loose, a containment check like the one above: it takes about a second."""
-    from grader.submission import materialize
+    from grader.stages.layout import materialize
 
     path = tmp_path / "venvs.zip"
     with zipfile.ZipFile(path, "w") as zf:
@@ -1164,7 +1164,7 @@ def test_symlinked_submission_is_refused(tmp_path):
     _write(str(real), {"kv_cache.py": BASE})
     link = tmp_path / "link"
     os.symlink(real, link)
-    from grader.grade import Options, grade
+    from grader.stages.grade import Options, grade
 
     report = grade(str(link), Options(seed=1, trials=5))
     assert report["status"] == "not_graded" and "symbolic link" in report["tier_reason"]
@@ -1224,7 +1224,7 @@ def test_a_damaged_zip_is_not_graded_and_says_why(tmp_path, damage):
     elif damage == "bad_utf8_name":
         data = data.replace("é".encode(), b"\xff\xfe")  # flagged UTF-8, and not: zipfile cannot open it
     path.write_bytes(bytes(data))
-    from grader.grade import Options, grade
+    from grader.stages.grade import Options, grade
 
     report = grade(str(path), Options(seed=1, trials=5))
     says = "not a readable zip" if damage == "bad_utf8_name" else "could not be unpacked"
@@ -1270,7 +1270,7 @@ def test_a_deep_tree_is_read_only_to_a_few_folders(tmp_path):
 
 
 def _read_deep_hand_backs(tmp_path, folder):
-    from grader import submission
+    from grader.stages import layout as submission
 
     zipped = tmp_path / "deep.zip"
     with zipfile.ZipFile(zipped, "w") as zf:

@@ -124,7 +124,7 @@ def test_batch_kill_and_resume(tmp_path):
     assert f"# Batch summary: {CLASS_SIZE} submissions" in summary
     with open(os.path.join(out, "summary.csv")) as f:
         rows = list(csv.DictReader(f))
-    from grader.rubric import load
+    from grader.stages.rubric import load
 
     counts = {r["id"]: int(r["count"]) for r in rows if r["section"] == "tier"}
     want = {t: list(tiers.values()).count(t) for t in ("Strong Hire", "Hire", "Weak")}
@@ -241,7 +241,7 @@ def test_the_stop_waits_for_every_worker_not_the_first(tmp_path):
     alone returns when the first worker is."""
     import multiprocessing
 
-    from grader.cli import wait_for_all
+    from grader.sandbox.reaper import wait_for_all
 
     context = multiprocessing.get_context("fork")
     quick, slow = context.Process(target=time.sleep, args=(0,)), context.Process(target=time.sleep, args=(2,))

@@ -176,7 +176,7 @@ def test_tuned_attention_matches_the_float64_oracle(backend, dtype, hq, hkv, wor
     import torch
 
     from benchmarks.tuned import tuned_numpy, tuned_torch
-    from grader.oracle import attention_ref
+    from grader.stages.oracle import attention_ref
     from solutions import kv_cache as ref
     from solutions import kv_cache_torch as port
 
@@ -276,7 +276,7 @@ def test_tuned_output_is_never_the_kept_buffer_and_bf16_is_close():
     cb.append(torch.from_numpy(kv).bfloat16(), torch.from_numpy(kv).bfloat16(), torch.tensor([10, 7]))
     qb = torch.from_numpy(rng.standard_normal((2, 4, 3, 8)).astype(np.float32)).bfloat16()
     out = tuned_torch(qb, cb, torch.tensor([3, 2]))
-    from grader.oracle import attention_ref
+    from grader.stages.oracle import attention_ref
 
     expected = attention_ref(qb.float().numpy(), cb.k.float().numpy(), cb.v.float().numpy(), [10, 7], [3, 2])
     assert out.dtype == torch.bfloat16 and (out[1, :, 2] == 0).all()

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from catalogue import mutants
-from grader import rubric as grader_rubric
-from grader.checks import check, check_all
+from grader.stages import rubric as grader_rubric
+from grader.inprocess.checks import check, check_all
 from solutions import kv_cache as ref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,7 +24,7 @@ SPEC_IDS = ["concat_growth", "kv_repeat", "modulo_head_mapping", "chunk_local_ma
 # Patterns real code shows that the spec's list lacks (recovered structure names them).
 KIT_IDS = ["future_keys_visible", "misplaced_writes", "div_kv_heads_mapping"]
 SHOWN_BY = ("structure", "reproduction", "memory", "time", "overflow", "padding")
-# The in-process checks are named by the criterion ids they decide (grader.criteria.REGISTRY).
+# The in-process checks are named by the criterion ids they decide (grader.stages.criteria.REGISTRY).
 CHECKED = ("preallocated_in_place", "overflow_atomic", "head_mapping", "decode", "full_prefill",
            "chunked_prefill", "ragged_rows", "padding")
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from catalogue import mutants, structure
-from grader import compare, diagnose, grade, owntests, suite
-from grader.compare import Comparison, StepVerdict
+from grader.stages import compare, diagnose, grade, own_tests as owntests, suite
+from grader.stages.compare import Comparison, StepVerdict
 from solutions import kv_cache as ref
 from test_diagnose import example, recovered, run
 from test_owntests import _all, _session

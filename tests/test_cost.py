@@ -1,6 +1,6 @@
 """The cost model reproduces every figure of the README's cost table exactly."""
 from solutions import cost
-from kvkit.cost_table import cost_rows
+from grader.shipped.cost_table import cost_rows
 
 PER_TOKEN = cost.kv_bytes_per_token(layers=32, kv_heads=8, head_dim=128, bytes_per_element=2)
 

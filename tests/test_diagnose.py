@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from catalogue import mutants, structure
-from grader import compare, criteria, diagnose, jobs, suite
+from grader.stages import compare, criteria, diagnose, jobs, suite
 from grader.child import tasks
 from solutions import kv_cache as ref
 

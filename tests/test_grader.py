@@ -12,7 +12,7 @@ import jsonschema
 import nbformat
 import pytest
 
-from grader.grade import Options, grade
+from grader.stages.grade import Options, grade
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "catalogue", "examples")
@@ -81,7 +81,7 @@ def test_variant_example_gets_its_tier_and_exactly_its_mistakes(variant_reports,
 
 
 def test_every_figure_stays_on_its_side_by_its_margin(example_reports):
-    """The core examples' figures, each on its side of its bound by the bound's margin (grader/bounds.py)."""
+    """The core examples' figures, each on its side of its bound by the bound's margin (grader/stages/bounds.py)."""
     reports, _, _ = example_reports
     close = {}
     for name, report in reports.items():
@@ -201,7 +201,7 @@ BROKEN = [  # (name, kv_cache.py, what the report must say)
     ("all_nan", REFERENCE + "\n_f = gqa_attention\ngqa_attention = lambda q, c, n: _f(q, c, n) * np.nan\n",
      "wrong output"),
     ("imports_solutions", "from solutions.kv_cache import *\n", "ModuleNotFoundError"),
-    ("imports_grader", "from grader.oracle import attention_ref\nfrom solutions.kv_cache import *\n", "ModuleNotFoundError"),
+    ("imports_grader", "from grader.stages.oracle import attention_ref\nfrom solutions.kv_cache import *\n", "ModuleNotFoundError"),
 ]
 
 
@@ -282,7 +282,7 @@ def test_a_virtual_environment_handed_back_is_set_aside(tmp_path):
     after it. Beside them, the same folder without the venv lays out the same files."""
     import zipfile
 
-    from grader.submission import materialize
+    from grader.stages.layout import materialize
 
     clean = tmp_path / "clean"
     clean.mkdir()
@@ -344,7 +344,7 @@ def test_a_hand_back_inside_wrapper_folders_is_graded_from_the_folder_that_holds
     of its own (a Python file), or whose one folder holds no kv_cache.py or notebook, is read as it lies."""
     import zipfile
 
-    from grader.submission import materialize
+    from grader.stages.layout import materialize
 
     clean = tmp_path / "clean"
     clean.mkdir()

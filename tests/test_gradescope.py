@@ -91,9 +91,9 @@ def test_bundle_contents(bundle):
         every = {name: zf.read(name).decode("utf-8") for name in infos}
     for script in ("setup.sh", "run_autograder"):
         assert infos[script].external_attr >> 16 & stat.S_IXUSR, script
-    assert {"pyproject.toml", "grader/grade.py", "grader/child/zygote.py", "grader/child/tasks.py",
+    assert {"pyproject.toml", "grader/stages/grade.py", "grader/child/zygote.py", "grader/child/tasks.py",
             "grader/sandbox/isolation.py", "grader/sandbox/launch.py", "grader/sandbox/cgroup.py",
-            "grader/oracle.py", "grader/bundle_costs.json", "catalogue/mutants.py", "catalogue/mistakes.toml",
+            "grader/stages/oracle.py", "grader/bundle_costs.json", "catalogue/mutants.py", "catalogue/mistakes.toml",
             "kvkit/cli.py"} <= set(infos)
     assert not any(n.startswith(("tests/", ".git", ".venv", "catalogue/examples/")) or "__pycache__" in n
                    for n in infos)
@@ -108,7 +108,7 @@ def test_bundle_contents(bundle):
     assert shipped == {m: {k: v for k, v in e.items() if k not in ("question", "answer")} for m, e in kit.items()}
     # Every file the grader's user's alone, as zipped (run_autograder sets it again on the worker).
     assert {oct(i.external_attr >> 16 & 0o777) for i in infos.values()} == {"0o600", "0o700"}
-    from grader import costs
+    from grader.stages import costs
 
     assert json.loads(every["grader/bundle_costs.json"]) == json.loads(json.dumps(costs.computed()))
     assert config == {"timeout": 60.0, "trials": 20, "isolation": "namespaces", "seed": None,
@@ -119,7 +119,7 @@ def test_run_autograder_grades_the_submission(tmp_path, bundle):
     root = gradescope_root(tmp_path, bundle)
     # A student who zipped the folder they worked in: the code sits one level down, beside the starter
     # bundle's own files (step tests, progress.py, unfilled stubs), which are set aside, not graded.
-    from kvkit.starter import bundle_contents
+    from grader.shipped.bundle import bundle_contents
 
     work = os.path.join(root, "submission", "my_work")
     for rel, data in bundle_contents(False).items():
@@ -130,7 +130,7 @@ def test_run_autograder_grades_the_submission(tmp_path, bundle):
     results = run_autograder(root)
     # Every criterion passes but cost.py and own tests (absent); the optional port, not attempted, counts
     # neither for nor against: the other points are scaled to the same total.
-    from grader.rubric import load
+    from grader.stages.rubric import load
 
     points = {cid: spec["points"] for cid, spec in load().criteria.items()}
     earned = sum(points.values()) - points["cost_model"] - points["own_tests"] - points["torch_port"]
@@ -150,7 +150,7 @@ def test_run_autograder_survives_a_cheat(tmp_path, bundle):
     """A submission that writes its own perfect results.json and runs the grader's oracle gets neither."""
     root = gradescope_root(tmp_path, bundle)
     target = os.path.join(root, "results", "results.json")
-    source = os.path.join(root, "source", "grader", "oracle.py")
+    source = os.path.join(root, "source", "grader", "stages", "oracle.py")
     with open(os.path.join(root, "submission", "kv_cache.py"), "w") as f:
         f.write("import json, os\n"
                 "for path in (%r, '/autograder/results/results.json'):\n"
@@ -285,7 +285,7 @@ def test_a_submission_reads_nothing_of_the_bundle_with_namespaces(world_tmp, bun
                     "test_a_bundle_without_the_opt_out_grades_nothing_without_namespaces)")
     root, files, mark = snooping_root(world_tmp, bundle)
     results = run_autograder(root)
-    assert len(files) > 40 and os.path.exists(os.path.join(root, "source", "grader", "oracle.py"))
+    assert len(files) > 40 and os.path.exists(os.path.join(root, "source", "grader", "stages", "oracle.py"))
     # The kit's folders are not there at all (the control outside them is not either): nothing to read.
     assert_read_nothing(results, files, "unreadable")
     assert results["extra_data"]["isolation"].startswith("namespaces")
@@ -392,7 +392,7 @@ def test_mistakes_planted_around_the_oracle_are_the_references():
     import types
 
     from catalogue import mutants
-    from grader import diagnose, jobs, suite
+    from grader.stages import diagnose, jobs, suite
     from grader.child import tasks as child_tasks
     from solutions import kv_cache as reference
 

@@ -1,4 +1,4 @@
-"""How a hand-back is laid out and refused (grader/submission.py; issues 22 and 21).
+"""How a hand-back is laid out and refused (grader/stages/layout.py; issues 22 and 21).
 
 - Bounds on what a hand-back holds: files and folders counted before anything is copied (a folder, a
   zip); a sandbox that cannot hold the hand-back is the hand-back's doing, never ``grader_error``.
@@ -25,9 +25,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader import submission
+from grader.stages import layout as submission
 from grader.sandbox import launch
-from grader.submission import SubmissionError, materialize, missing_module, sandbox_refusal
+from grader.stages.layout import SubmissionError, materialize, missing_module, sandbox_refusal
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "catalogue" / "examples"
@@ -209,8 +209,8 @@ def test_a_sandbox_that_cannot_hold_the_hand_back_says_so():
 def test_a_sandbox_that_never_started_is_blamed_on_what_failed(tmp_path, monkeypatch, tail, status, says):
     """No task ran, so no submission code did: a hand-back the working folder cannot hold is not_graded with
     the reason; any other failure is a grader_error that names the kit's sandbox and what it said."""
-    from grader import run as run_mod
-    from grader.grade import Options, grade
+    from grader.stages import run as run_mod
+    from grader.stages.grade import Options, grade
 
     def never_started(workdir, plan, limits, isolation, port, meanwhile=None):
         return {"numpy": launch.SessionResult(reason="the sandbox ended before every task ran", output_tail=tail),
@@ -230,7 +230,7 @@ def test_past_the_bound_the_sandbox_failing_is_still_the_hand_backs(tmp_path, mo
     """With the count bound lifted, 20,000 empty files reach the sandbox: under namespaces its tmpfs runs out
     of inodes before any task (not_graded, with the count); without them the watchdog kills the child (a
     graded crash, with the reason). Never a grader_error."""
-    from grader.grade import Options, grade
+    from grader.stages.grade import Options, grade
     from grader.sandbox import isolation
 
     monkeypatch.setattr(submission, "MAX_LAID_OUT", 10**6)
@@ -326,7 +326,7 @@ def test_an_own_notebook_keeps_its_definitions_and_leaves_out_exploration(tmp_pa
 ], ids=["constants", "undefined", "module call", "lower call", "random", "type variable", "own call", "builtin",
         "lambda", "main guard", "if block", "item set"])
 def test_which_assignments_are_definitions(code, kept):
-    from grader.submission import own_definitions
+    from grader.stages.layout import own_definitions
 
     kept_text, left = own_definitions([(1, code)])
     last = code.rstrip("\n").splitlines()[-1].strip()
@@ -337,7 +337,7 @@ def test_which_assignments_are_definitions(code, kept):
 
 
 def test_a_decorated_definition_keeps_its_decorator():
-    from grader.submission import _definitions
+    from grader.stages.layout import _definitions
 
     text = _definitions("import functools\n\n@functools.lru_cache(maxsize=None)\ndef f(n):\n    return n\n")
     assert "@functools.lru_cache(maxsize=None)\ndef f(n):" in text
@@ -372,7 +372,7 @@ def _work(tmp_path: Path, files: dict[str, str]) -> tuple[str, list[str]]:
 ], ids=["scipy", "through a helper", "guarded", "installed", "own", "unexplained", "not ModuleNotFoundError",
         "raised by hand"])
 def test_a_missing_module_is_named_only_when_that_is_what_happened(tmp_path, error, files, missing):
-    from grader.run import installed_modules
+    from grader.stages.run import installed_modules
 
     workdir, rel = _work(tmp_path, files)
     why = missing_module(error, workdir, rel, installed_modules())
@@ -388,7 +388,7 @@ def test_reading_an_own_notebook_costs_the_grader_linear_time():
     bound, a containment check."""
     import time
 
-    from grader.submission import own_definitions
+    from grader.stages.layout import own_definitions
 
     started = time.process_time()
     kept, left = own_definitions([(1, "import os\n" * 20_000), (2, "A = 1\n" + "if A:\n    B = 1\n" * 20_000),
@@ -400,7 +400,7 @@ def test_reading_an_own_notebook_costs_the_grader_linear_time():
 def test_the_class_notebooks_released_helpers_are_provided_in_the_sandbox(tmp_path):
     """A student's own-check cell imports kv_helpers.mutants (released beside the notebook): the grader writes
     the kit's copy where that import finds it, as a package, and lists it apart from the hand-back's files."""
-    from grader.submission import provide_helpers
+    from grader.stages.layout import provide_helpers
 
     written = provide_helpers(str(tmp_path), ["from kv_helpers.mutants import plant\n"])
     assert written == ["kv_helpers/mutants.py"]
@@ -412,7 +412,7 @@ def test_the_class_notebooks_released_helpers_are_provided_in_the_sandbox(tmp_pa
 def test_a_path_too_long_to_lay_out_is_the_hand_backs_doing(tmp_path):
     """A file 15 folders down whose path the grader's own folder cannot hold (4,095 bytes plus the folder's
     prefix): not graded with the reason, never a grader_error (it was one before)."""
-    from grader.submission import SubmissionError, materialize
+    from grader.stages.layout import SubmissionError, materialize
 
     hand_back = tmp_path / "h"
     hand_back.mkdir()
@@ -433,7 +433,7 @@ def test_a_notebook_of_millions_of_json_objects_is_refused_before_it_is_parsed(t
     import json
     import time
 
-    from grader.submission import SubmissionError, notebook_files
+    from grader.stages.layout import SubmissionError, notebook_files
 
     nb = {"cells": [{"cell_type": "code", "source": "x = 1\n", "metadata": {}, "outputs": [],
                      "execution_count": None}], "metadata": {"x": [{}] * 2_000_000}, "nbformat": 4,
@@ -451,7 +451,7 @@ def test_nested_cell_magics_are_read_in_one_pass():
 
     import nbformat
 
-    from grader.submission import cell_parts
+    from grader.stages.layout import cell_parts
 
     cell = nbformat.v4.new_code_cell("%%time\n" * 140_000 + "x = 1\n")
     started = time.process_time()

@@ -21,10 +21,11 @@ import unicodedata
 
 import pytest
 
-from grader import criteria as criteria_mod
-from grader import grade as grade_mod
-from grader import report, summary
-from grader.rubric import load
+from grader.stages import criteria as criteria_mod
+from grader.stages import grade as grade_mod
+from grader.stages import report
+from grader.batch import summary
+from grader.stages.rubric import load
 
 RUBRIC = load()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -276,7 +277,7 @@ def test_text_is_cut_at_a_whole_value_with_an_ellipsis():
 def test_a_cut_never_leaves_a_bracket_open_whatever_the_text():
     import random
 
-    from grader.inert import shorten
+    from grader.stages.inert import shorten
 
     rng = random.Random(7)
     pieces = ["(", ")", "[", "]", "{", "}", "word", "longerword", "x", ",", ";", ":", " ", " ", " ", "-0.506"]
@@ -296,7 +297,7 @@ def test_a_cut_never_leaves_a_bracket_open_whatever_the_text():
 
 def test_a_failing_own_test_is_quoted_to_a_whole_value():
     """numpy's assert_allclose message, as pytest reports it: the evidence keeps whole values."""
-    from grader import owntests
+    from grader.stages import own_tests as owntests
 
     message = ("test_mine.py::test_chunked - AssertionError: Not equal to tolerance rtol=1e-07, atol=0 "
                "Mismatched elements: 12 / 96 (12.5%) Mismatch at index: "

@@ -33,7 +33,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader import rubric as rubric_mod
+from grader.stages import rubric as rubric_mod
 
 ROOT = Path(__file__).resolve().parents[1]
 COURSE = ROOT / "notebooks"
@@ -136,11 +136,11 @@ def test_nbgrader_metadata():
         hidden = cell.source.split("### BEGIN HIDDEN TESTS")[1]
         assert "grader" in hidden or "solutions" in hidden, f"{grade_id}: hidden tests do not call the kit"
     for grade_id in ("test_chunked_prefill", "test_padding", "test_decode", "test_full_prefill", "test_head_mapping"):
-        assert "from grader.checks import check" in graded[grade_id].source, grade_id
-    from grader.checks import NAMES
+        assert "from grader.inprocess.checks import check" in graded[grade_id].source, grade_id
+    from grader.inprocess.checks import NAMES
 
     called = {name for cell in graded.values() for name in re.findall(r'\bcheck\("(\w+)"', cell.source)}
-    assert called and called <= set(NAMES), f"hidden tests call checks grader.checks lacks: {called - set(NAMES)}"
+    assert called and called <= set(NAMES), f"hidden tests call checks grader.inprocess.checks lacks: {called - set(NAMES)}"
     assert {"cost", "kv_cache", "group_queries", "visible_keys", "softmax_visible", "gqa_attention", "torch_port",
             "own_check"} <= set(solutions)
 
@@ -414,7 +414,7 @@ def test_nbgrader_generate_and_autograde(tmp_path):
     # hand-back roles kept (kvkit grade splits a handed-in copy by them).
     release = nbformat.read(course_dir / "release" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
     text = "\n".join(cell.source for cell in release.cells)
-    for leak in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", "grader.checks", "from solutions",
+    for leak in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", "grader.inprocess.checks", "from solutions",
                  "return 2 * layers * kv_heads"):
         assert leak not in text, f"the student version contains {leak!r}"
     stubs = [_grade_id(c) for c in release.cells if "raise NotImplementedError()" in c.source]

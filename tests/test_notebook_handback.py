@@ -1,4 +1,4 @@
-"""``kvkit grade`` on the classroom notebook handed back (grader/submission.py, docs/notebook.md).
+"""``kvkit grade`` on the classroom notebook handed back (grader/stages/layout.py, docs/notebook.md).
 
 A copy of notebooks/source/kv_cache/kv_cache.ipynb is split by its cells'
 ``kvkit`` role into the contract's files: implementation cells into
@@ -16,8 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader.grade import Options, grade
-from grader.submission import materialize
+from grader.stages.grade import Options, grade
+from grader.stages.layout import materialize
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "notebooks" / "source" / "kv_cache" / "kv_cache.ipynb"
@@ -142,7 +142,7 @@ def test_a_lone_surrogate_in_a_cell_is_laid_out_like_the_same_notebook_without_i
     grader error, and the hand-back's fingerprint (--resume) is taken all the same."""
     import json
 
-    from grader.submission import hand_back_sha256
+    from grader.stages.layout import hand_back_sha256
 
     code = (ROOT / "catalogue" / "examples" / "hire_basic" / "kv_cache.py").read_text()
     for name, extra in (("control", ""), ("surrogate", "\nNOTE = '\ud800'  # a definition: kept\n")):

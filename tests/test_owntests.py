@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from catalogue import mutants
-from grader import owntests
+from grader.stages import own_tests as owntests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -153,9 +153,9 @@ def test_the_first_failure_is_shown_whole_with_short_numbers():
     assert "step [3, 4] 0.235 (ACTUAL), 0.25 (DESIRED)" in crit.evidence, crit.evidence
 
 
-# ---------------------------------------------------------------- the parent's planted variants (grader/variants.py)
+# ---------------------------------------------------------------- the parent's planted variants (grader/stages/variants.py)
 
-from grader import variants  # noqa: E402
+from grader.stages import variants  # noqa: E402
 from grader.child import protocol  # noqa: E402
 from solutions import kv_cache as reference  # noqa: E402
 
@@ -329,7 +329,7 @@ def test_hypothesis_plugin_only_for_a_submission_that_imports_hypothesis(preimpo
     """The sandbox's pytest loads Hypothesis's plugin where a submission file imports Hypothesis (the
     job's preimport list, made by the parent from the files' syntax); the online_softmax_kernel example's
     property test runs under it in each grading of that example (`make test-slow`)."""
-    from grader.child import owntests as child_owntests
+    from grader.child import run_own_tests as child_owntests
 
     args = child_owntests.plugin_args({"preimport": preimport})
     assert (args == ["-p", "_hypothesis_pytestplugin"]) is loaded, args

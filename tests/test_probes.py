@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from grader import bounds, criteria, jobs, probes
+from grader.stages import bounds, criteria, jobs, probes
 from grader.sandbox.launch import TaskResult
 
 MIB = 2**20
@@ -286,7 +286,7 @@ def test_the_copy_unit_is_a_copy_from_main_memory_whatever_the_probes_size():
     """The growth CPU figure's unit scales with the bytes: a small probe's cache would fit in the processor's
     cache and copy two to three times faster, and a constant per-append overhead would read as a fraction of
     a copy that grows as the probe shrinks."""
-    from grader import run
+    from grader.stages import run
 
     small, large = run.copy_seconds(4 * MIB), run.copy_seconds(64 * MIB)
     assert small > 0 and large == pytest.approx(16 * small)

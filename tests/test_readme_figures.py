@@ -60,7 +60,7 @@ def test_the_notebooks_total_is_its_graded_cells_points():
     assert match, "the classroom section no longer says the notebook's total"
     nb = nbformat.read(ROOT / "notebooks" / "source" / "kv_cache" / "kv_cache.ipynb", as_version=4)
     points = sum(c.metadata["nbgrader"].get("points", 0) for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade"))
-    from grader import rubric
+    from grader.stages import rubric
 
     r = rubric.load()
     assert round(points) == int(match[1]) and round(r.max_score) == int(match[2])

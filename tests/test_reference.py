@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from grader import meters
-from grader.oracle import ReferenceHistory
-from grader.suite import random_trials
+from grader.inprocess import meters
+from grader.stages.oracle import ReferenceHistory
+from grader.stages.suite import random_trials
 from solutions import kv_cache as ref
 
 

@@ -9,9 +9,12 @@ import os
 
 import pytest
 
-from grader import report, summary
-from grader.cli import batch_names, expand, finished_reports, report_name
-from grader.rubric import TIERS, load
+import grader
+from grader.stages import report
+
+from grader.batch import summary
+from grader.batch.cli import batch_names, expand, finished_reports, report_name
+from grader.stages.rubric import TIERS, load
 
 RUBRIC = load()
 
@@ -51,7 +54,7 @@ def test_summary_counts_each_status_apart():
 
 def test_a_quick_grading_says_so_in_the_summary():
     """Reports graded with fewer random trials than a full grading: the class summary says how many."""
-    from grader.suite import FULL_TRIALS
+    from grader.stages.suite import FULL_TRIALS
 
     full, quick = graded("a", "Hire"), graded("b", "Weak")
     full["trials"], quick["trials"] = {"random": FULL_TRIALS}, {"random": 20}
@@ -112,7 +115,7 @@ def test_markdown_cannot_forge_a_section():
 def test_resume_keeps_only_finished_graded_reports_of_the_hand_back_as_it_is(tmp_path):
     """Kept: a whole graded report of the files as they are now. Graded again: not graded, grader errors,
     reports cut short, and a hand-back changed since its report (handed in again), which is listed."""
-    from grader.submission import hand_back_sha256
+    from grader.stages.layout import hand_back_sha256
 
     out = tmp_path / "out"
     out.mkdir()
@@ -149,8 +152,8 @@ def test_resume_keeps_only_finished_graded_reports_of_the_hand_back_as_it_is(tmp
 def test_resume_takes_up_only_values_the_command_line_would_accept(tmp_path, capsys, odd):
     """A report in --out is a file like any other (edited by hand, or from another version of the kit): a
     seed, trial count or audience the command line would refuse is not taken up, and nothing crashes."""
-    from grader import cli
-    from grader.submission import hand_back_sha256
+    from grader.batch import cli
+    from grader.stages.layout import hand_back_sha256
 
     cls, out = tmp_path / "class", tmp_path / "out"
     (cls / "a").mkdir(parents=True)
@@ -168,7 +171,7 @@ def test_resume_takes_up_only_values_the_command_line_would_accept(tmp_path, cap
 def test_resume_grades_again_a_hand_back_that_cannot_be_laid_out_now(tmp_path, monkeypatch):
     """Whatever laying a hand-back out raises while --resume compares it, that one is graded again (its
     report says why); the batch goes on."""
-    from grader import submission
+    from grader.stages import layout as submission
 
     out = tmp_path / "out"
     out.mkdir()
@@ -213,7 +216,7 @@ def test_a_class_folder_gives_one_row_per_entry(tmp_path):
 
 
 def test_entries_that_are_not_submissions_are_not_graded(tmp_path):
-    from grader.grade import Options, grade
+    from grader.stages.grade import Options, grade
 
     (tmp_path / "notes.txt").write_text("hello")
     (tmp_path / "real").mkdir()
@@ -271,7 +274,7 @@ def test_a_folder_of_other_files_is_one_bad_hand_back(tmp_path):
 
 
 def test_a_rubric_whose_points_do_not_add_up_is_refused(tmp_path):
-    from grader.rubric import DEFAULT, RubricError
+    from grader.stages.rubric import DEFAULT, RubricError
 
     text = open(DEFAULT).read().replace("max_score = 100.0", "max_score = 50.0")
     (tmp_path / "r.toml").write_text(text)
@@ -281,8 +284,8 @@ def test_a_rubric_whose_points_do_not_add_up_is_refused(tmp_path):
 
 # --- the rubric, scores and questions as build_report applies them ------------------------------
 
-from grader import criteria as criteria_mod  # noqa: E402
-from grader import grade as grade_mod  # noqa: E402
+from grader.stages import criteria as criteria_mod  # noqa: E402
+from grader.stages import grade as grade_mod  # noqa: E402
 
 
 def decided(overrides: dict | None = None) -> dict:
@@ -379,8 +382,8 @@ def test_follow_ups_follow_the_diagnosis():
 
 def _steps(statuses, value_error=True):
     """Step verdicts of one trial: each a chunk after cached tokens, with the given statuses."""
-    from grader.compare import StepVerdict
-    from grader.suite import Trial
+    from grader.stages.compare import StepVerdict
+    from grader.stages.suite import Trial
 
     trial = Trial("t", "targeted", 1, 1, 1, 2, 8)
     return [StepVerdict(trial, i, "chunked_prefill", s, detail="append raised ValueError: no chunks",
@@ -402,9 +405,9 @@ def test_a_refusal_is_credited_only_when_every_chunked_call_was_refused():
 
 
 def test_nan_padding_gets_its_smallest_failing_case():
-    from grader import diagnose
-    from grader.compare import Comparison, StepVerdict
-    from grader.suite import Trial
+    from grader.stages import diagnose
+    from grader.stages.compare import Comparison, StepVerdict
+    from grader.stages.suite import Trial
 
     big, small = Trial("big", "random", 3, 2, 4, 16, 40), Trial("small", "small", 1, 1, 1, 2, 4)
     comparison = Comparison([StepVerdict(big, 0, "ragged", "ok", padding="nonfinite"),
@@ -415,12 +418,12 @@ def test_nan_padding_gets_its_smallest_failing_case():
 
 
 def test_one_registry_of_criteria_and_a_rubric_of_points_and_tiers_only(tmp_path):
-    from grader.criteria import REGISTRY
-    from grader.rubric import RubricError, Tier
+    from grader.stages.criteria import REGISTRY
+    from grader.stages.rubric import RubricError, Tier
 
     assert list(RUBRIC.criteria) == list(REGISTRY) or set(RUBRIC.criteria) == set(REGISTRY)
     assert all(RUBRIC.title(cid) == spec.title for cid, spec in REGISTRY.items())
-    text = open(os.path.join(os.path.dirname(report.__file__), "rubric.toml")).read()
+    text = open(os.path.join(grader.HOME, "rubric.toml")).read()
     assert "title =" not in text  # no title is restated in the rubric
     with_title = tmp_path / "titled.toml"
     with_title.write_text(text.replace("[criteria.decode]\n", '[criteria.decode]\ntitle = "Decode"\n'))
@@ -436,7 +439,7 @@ def test_one_registry_of_criteria_and_a_rubric_of_points_and_tiers_only(tmp_path
 def test_diagnosis_pictures_reach_the_terminal_and_the_markdown_as_png(tmp_path):
     from rich.console import Console
 
-    from grader import diagnose
+    from grader.stages import diagnose
 
     mask = {"case": "B=1, Hkv=4, G=2; step 2", "row": 0, "head": 0, "keys": 7,
             "yours": [[0, 1, 2, 3, 4, 5, 6]] * 3, "right": [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5], list(range(7))],
@@ -475,21 +478,21 @@ def test_chunked_prefill_silently_wrong_is_weak_and_a_refusal_is_not():
 
 def test_a_sandbox_that_never_reaches_a_task_is_a_grader_error(monkeypatch):
     """No submission code ran (the grader's Python or isolation is broken): never a Weak verdict."""
-    from grader import run as run_mod
+    from grader.stages import run as run_mod
     from grader.sandbox.launch import SessionResult
 
     def never_starts(workdir, plan, limits, wrap, port=False, meanwhile=None):
         return {"numpy": SessionResult(reason="the sandbox ended before every task ran"), "meanwhile": meanwhile()}
 
     monkeypatch.setattr(run_mod, "run_sessions", never_starts)
-    r = grade_mod.grade(os.path.join(os.path.dirname(report.__file__), "..", "catalogue", "examples", "hire_basic"),
+    r = grade_mod.grade(os.path.join(grader.KIT_ROOT, "catalogue", "examples", "hire_basic"),
                         grade_mod.Options(seed=1, trials=5))
     assert r["status"] == "grader_error" and r["tier"] is None and "did not start" in r["tier_reason"]
 
 
 def test_the_batch_table_marks_the_ports_mistakes():
     """A name in the port caps the tier; the same name in NumPy is Weak: the table keeps them apart."""
-    from grader.summary import _mistakes_cell
+    from grader.batch.summary import _mistakes_cell
 
     assert _mistakes_cell({"mistakes": ["kv_repeat"], "numpy_mistakes": [], "port_mistakes": ["kv_repeat"]}) \
         == "port: kv_repeat"
@@ -501,7 +504,7 @@ def test_the_batch_table_marks_the_ports_mistakes():
 def test_only_the_untouched_template_is_not_graded():
     """Every hidden trial stopping at NotImplementedError before any step ran is the template handed back
     (not graded, saying so); a template with anything written is graded."""
-    from grader.grade import _nothing_written
+    from grader.stages.grade import _nothing_written
 
     stub = {"stage": "init", "error": {"type": "NotImplementedError", "message": ""}}
     assert _nothing_written({"records": [[stub], [stub]]})
@@ -514,8 +517,8 @@ def test_only_the_untouched_template_is_not_graded():
 def test_a_submission_that_does_not_load_is_weak_with_each_criterion_saying_why():
     """Graded at the lowest tier (the candidate's code ran and failed), every criterion keeps its section
     and tier; what was not handed in is not attempted, the port left out and the rest scaled to the total."""
-    from grader.grade import _say_not_measured
-    from grader.report import ungraded
+    from grader.stages.grade import _say_not_measured
+    from grader.stages.report import ungraded
 
     rubric = load()
     report = ungraded("dave", 1, rubric, "kv_cache.py: failed to import: SyntaxError")
@@ -541,7 +544,7 @@ def test_hand_backs_of_one_name_get_their_folders_in_their_names(tmp_path):
 
 
 def test_a_batch_writes_one_report_per_hand_back_of_the_same_name(tmp_path):
-    from grader import cli
+    from grader.batch import cli
 
     for who in ("alice", "bob"):
         (tmp_path / who / "work").mkdir(parents=True)
@@ -564,7 +567,7 @@ def test_report_file_names_never_clash_and_fit_a_file_system():
 
 
 def test_a_class_with_a_name_as_long_as_a_file_system_allows_loses_no_report(tmp_path):
-    from grader import cli
+    from grader.batch import cli
 
     cls = tmp_path / "class"
     for name in ("a_first", "b" * 255, "c_last"):  # 255 bytes: the longest name a folder may have
@@ -589,7 +592,7 @@ def test_a_figure_no_run_can_judge_does_not_fail_the_port():
 def test_no_two_hand_backs_of_a_batch_share_a_report_file():
     """A folder named like another's flattened name and digest, or the same name but for its case (one file
     on a file system that ignores case): the later gets a file of its own (once, it overwrote the other)."""
-    from grader.cli import report_files
+    from grader.batch.cli import report_files
 
     first = "/c/n1/x/k"
     forged = "/c/q/" + report_name("n1/x/k")[:-len(".json")]  # its folder named as the first one's file
@@ -619,8 +622,8 @@ def test_resume_keeps_no_report_of_another_hand_back(tmp_path):
     """A late hand-back 'A' beside 'a' and 'a-2' moves the files' suffixes: 'a' now reads the file that held
     'a-2''s report, of the same files. A kept report counts only under its own hand-back's name (once, 'a-2'
     was listed twice and 'a' not at all)."""
-    from grader.cli import report_files
-    from grader.submission import hand_back_sha256
+    from grader.batch.cli import report_files
+    from grader.stages.layout import hand_back_sha256
 
     cls, out = tmp_path / "class", tmp_path / "out"
     out.mkdir()
@@ -651,8 +654,8 @@ def test_a_hand_back_name_that_is_not_utf8_is_written_escaped(tmp_path):
 def test_resume_grades_again_a_kept_report_edited_out_of_shape(tmp_path, edit):
     """A kept report edited by hand (a lowercase tier, criteria that are not a list): the summaries could not
     read it, and the batch once ended before grades.csv. It is graded again, and every summary is written."""
-    from grader import cli
-    from grader.submission import hand_back_sha256
+    from grader.batch import cli
+    from grader.stages.layout import hand_back_sha256
 
     cls, out = tmp_path / "class", tmp_path / "out"
     for name in ("alice", "bob"):

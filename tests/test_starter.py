@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from grader.shipped import bundle as shipped
 from kvkit import starter
 
 KIT = Path(__file__).resolve().parent.parent
@@ -82,7 +83,7 @@ def test_the_bundle_holds_the_stubs_tests_readme_and_nothing_else(bundle):
     files = {str(p.relative_to(bundle)) for p in bundle.rglob("*") if p.is_file()}
     assert files == EXPECTED
     for name in ("kv_cache.py", "kv_cache_torch.py", "cost.py", "test_mine.py"):
-        stubbed, filled = starter.unfinished_functions(bundle / name)
+        stubbed, filled = shipped.unfinished_functions(bundle / name)
         assert stubbed and not filled, f"{name}: {filled} are filled in"
     readme = (bundle / "README.md").read_text()
     for needed in ("## The contract", "## What to hand back", "python progress.py", "kv_cache.py",
@@ -97,14 +98,14 @@ def test_nothing_of_solutions_or_grader_is_in_the_bundle(bundle):
     for path, text in texts.items():
         for name in ("solutions", "grader", "kvkit"):
             assert f"import {name}" not in text and f"from {name}" not in text, f"{path} imports {name}"
-    leaks = starter.shared_lines(bundle, run=1)
+    leaks = shipped.shared_lines(bundle, run=1)
     assert not leaks, "bundled lines also in solutions/ or grader/:\n" + "\n".join(map(str, leaks[:10]))
 
 
 def test_the_leak_check_sees_copied_code(tmp_path):
     shutil.copyfile(KIT / "solutions" / "kv_cache.py", tmp_path / "kv_cache.py")
-    assert len(starter.shared_lines(tmp_path, run=1)) > 20
-    assert starter.shared_lines(tmp_path, run=starter.COPIED_RUN)
+    assert len(shipped.shared_lines(tmp_path, run=1)) > 20
+    assert shipped.shared_lines(tmp_path, run=shipped.COPIED_RUN)
 
 
 def test_the_zip_holds_the_same_files(bundle):
@@ -166,8 +167,8 @@ def test_hints_only_when_asked(tmp_path, bare_python):
     bare = tmp_path / "bare"
     assert starter.main([str(bare)]) == 0
     plain = tomllib.loads((bare / "steps.toml").read_text())["step"]
-    assert [{k: v for k, v in s.items() if k not in starter.HINT_KEYS} for s in plain] == \
-        [{k: v for k, v in s.items() if k not in starter.HINT_KEYS} for s in steps]
+    assert [{k: v for k, v in s.items() if k not in shipped.HINT_KEYS} for s in plain] == \
+        [{k: v for k, v in s.items() if k not in shipped.HINT_KEYS} for s in steps]
 
 
 def test_it_refuses_a_non_empty_directory_and_filled_stubs(tmp_path, capsys):
@@ -180,8 +181,8 @@ def test_it_refuses_a_non_empty_directory_and_filled_stubs(tmp_path, capsys):
     exercises = tmp_path / "exercises"
     shutil.copytree(KIT / "exercises", exercises, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copyfile(KIT / "solutions" / "kv_cache.py", exercises / "kv_cache.py")
-    with pytest.raises(starter.BuildError, match="filled in"):
-        starter.build(tmp_path / "other", exercises=exercises)
+    with pytest.raises(shipped.BuildError, match="filled in"):
+        shipped.build(tmp_path / "other", exercises=exercises)
     assert starter.main([]) == 2
     capsys.readouterr()
 
@@ -197,13 +198,13 @@ def test_force_replaces_an_earlier_bundle(tmp_path):
 def test_the_bundle_keeps_the_interview_private(tmp_path):
     import tomllib
 
-    private = tomllib.loads((starter.KIT / "catalogue" / "mistakes.toml").read_text())
+    private = tomllib.loads((shipped.KIT / "catalogue" / "mistakes.toml").read_text())
     secrets = [e[k] for e in private.values() for k in ("question", "answer") if k in e]
     for hints in (False, True):
         out = tmp_path / f"bundle-{hints}"
-        starter.build(out, hints=hints)
-        shipped = "\n".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
-        leaked = [s for s in secrets if s in shipped]
+        shipped.build(out, hints=hints)
+        text = "\n".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+        leaked = [s for s in secrets if s in text]
         assert not leaked, leaked[:2]
         assert "question" not in (out / "catalogue" / "mistakes.toml").read_text()
         assert "effect" not in (out / "catalogue" / "mistakes.toml").read_text()
@@ -212,12 +213,12 @@ def test_the_bundle_keeps_the_interview_private(tmp_path):
 def test_a_whole_working_folder_grades_like_the_clean_hand_back(tmp_path):
     import shutil
 
-    from grader.grade import Options, grade
+    from grader.stages.grade import Options, grade
 
     folder = tmp_path / "folder"
-    starter.build(folder)
+    shipped.build(folder)
     for name in ("kv_cache.py", "cost.py"):  # the candidate's work; the port and test_mine.py left as stubs
-        shutil.copyfile(starter.KIT / "solutions" / name, folder / name)
+        shutil.copyfile(shipped.KIT / "solutions" / name, folder / name)
     clean = tmp_path / "clean"
     clean.mkdir()
     for name in ("kv_cache.py", "cost.py"):
@@ -239,7 +240,7 @@ def test_a_whole_working_folder_grades_like_the_clean_hand_back(tmp_path):
 def test_an_edited_step_test_is_still_the_kits_and_set_aside(tmp_path):
     """A step test handed back with one comment added is not the candidate's own test: set aside by its path
     (said so), while the candidate's own test file and code are kept."""
-    from grader.submission import set_aside_bundle
+    from grader.stages.layout import set_aside_bundle
 
     step = (KIT / "exercises" / "tests" / "test_step3_mask.py").read_text()
     (tmp_path / "tests").mkdir()
@@ -261,7 +262,7 @@ def test_nothing_in_the_bundle_speaks_the_hiring_language(tmp_path):
     pattern = re.compile(r"(?<![A-Za-z])(" + "|".join(re.escape(w) for w in words) + r")(?![A-Za-z])", re.IGNORECASE)
     for hints in (False, True):
         out = tmp_path / f"bundle-{hints}"
-        starter.build(out, hints=hints)
+        shipped.build(out, hints=hints)
         found = []
         for path in sorted(out.rglob("*")):
             if path.is_file():

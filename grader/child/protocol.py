@@ -18,7 +18,7 @@ import struct
 JOB_SPEC = "job.json"
 JOB_DATA = "data.npy"
 ZYGOTE = "zygote.py"
-CHILD_FILES = ("protocol.py", "zygote.py", "tasks.py", "owntests.py")
+CHILD_FILES = ("protocol.py", "zygote.py", "tasks.py", "run_own_tests.py")
 
 # The zygote gets two descriptors on its command line: it writes frames to the first and reads
 # the parent's frames ({"go": true} before each task, {"secret": ...} when it asks, the reply to a

@@ -12,7 +12,7 @@ Kinds:
   bad inputs and the cost calls.
   The probes are trials too, run by the same code at realistic sizes, with
   marks between their calls where the parent takes the kernel's figures
-  (:func:`mark`; the plan is ``grader.probes``); the parent checks their last
+  (:func:`mark`; the plan is ``grader.stages.probes``); the parent checks their last
   outputs against its own computation.
 
 The same trial runner serves in-process checks (the notebook, the learner's
@@ -468,7 +468,7 @@ def serve(task: dict, job: dict, fd: int) -> None:
         if task["kind"] == "trials":
             answer, blob = _trials(task, job)
         elif task["kind"] == "owntests":
-            answer, blob = sys.modules["_kvkit_owntests"].run(task, job), b""
+            answer, blob = sys.modules["_kvkit_run_own_tests"].run(task, job), b""
         else:
             answer, blob = {"error": {"type": "KeyError", "value_error": False,
                                       "message": f"unknown task kind {task['kind']!r}"}}, b""

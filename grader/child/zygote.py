@@ -553,7 +553,7 @@ def main(argv: list) -> int:
         numpy._core.multiarray._set_madvise_hugepage(False)
     except AttributeError:
         pass
-    owntests = _load_sibling("owntests") if any(t.get("kind") == "owntests" for t in job["tasks"]) else None
+    owntests = _load_sibling("run_own_tests") if any(t.get("kind") == "owntests" for t in job["tasks"]) else None
     if "pytest" in sys.modules:
         _warm_pytest(job_dir, owntests.plugin_args(job) if owntests else [])
     tasks = _load_sibling("tasks")

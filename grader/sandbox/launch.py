@@ -132,7 +132,7 @@ class SessionResult:
     memory_limit_hit: bool = False
     notes: list = field(default_factory=list)
     tasks_started: int = 0  # "ready" events: 0 means the sandbox never reached a task (no submission code ran)
-    served: dict = field(default_factory=dict)  # own-tests task -> calls the parent answered (grader/variants.py)
+    served: dict = field(default_factory=dict)  # own-tests task -> calls the parent answered (grader/stages/variants.py)
 
 
 def site_dirs() -> list[str]:
@@ -146,7 +146,7 @@ def child_env(workdir: str) -> dict:
     env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           # The own tests' pytest loads only the plugins named (grader/child/owntests.py, plugin_args).
+           # The own tests' pytest loads only the plugins named (grader/child/run_own_tests.py, plugin_args).
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "USER": "sandbox", "LOGNAME": "sandbox"}
     # Some processors need these for OpenBLAS to compute correctly (see the env notes).

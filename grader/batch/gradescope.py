@@ -7,7 +7,7 @@ which grades ``/autograder/submission`` and writes
 
 * ``setup.sh``: finds or installs Python >= 3.11, makes ``/autograder/venv``
   and installs the kit from ``source/`` (the CPU build of torch);
-* ``run_autograder``: runs ``python -m grader.gradescope --autograde``, and
+* ``run_autograder``: runs ``python -m grader.batch.gradescope --autograde``, and
   writes a zero-score ``results.json`` itself if even that fails, so a student
   never sees a bare crash;
 * ``kvkit_autograder.json``: the grading options chosen when the bundle was
@@ -16,7 +16,7 @@ which grades ``/autograder/submission`` and writes
   ``pyproject.toml``, and the figures computed where the kit is
   (``grader/bundle_costs.json``, ``grader/bundle_fingerprints.json``). No
   reference solution (``solutions/``: the parent plants mistakes around its own
-  oracle, ``grader/oracle.py``) and no interviewer text (no ``interview.toml``,
+  oracle, ``grader/stages/oracle.py``) and no interviewer text (no ``interview.toml``,
   no ``question`` or ``answer`` in ``mistakes.toml``).
 
 Nothing of the kit is readable by the submission. Every file and folder of
@@ -46,15 +46,16 @@ import time
 import traceback
 import zipfile
 
-KIT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("kvkit", "grader", "catalogue")  # never solutions/: see grader/costs.py and grader/oracle.py
+from grader import KIT_ROOT
+
+PACKAGES = ("kvkit", "grader", "catalogue")  # never solutions/: see grader/stages/costs.py and grader/stages/oracle.py
 # Interviewer text stays with the kit: the general questions whole, each mistake's follow-up and its answer.
 LEFT_OUT = ("catalogue/interview.toml",)
 MISTAKES = "catalogue/mistakes.toml"
 INTERVIEW_FIELDS = ("question", "answer")
-COSTS = "grader/bundle_costs.json"  # read by grader.costs.figures
+COSTS = "grader/bundle_costs.json"  # read by grader.stages.costs.figures
 STAFF_ONLY = "NO ISOLATION"
-FINGERPRINTS = "grader/bundle_fingerprints.json"  # read by grader.submission.set_aside_bundle
+FINGERPRINTS = "grader/bundle_fingerprints.json"  # read by grader.stages.layout.set_aside_bundle
 TOP_FILES = ("pyproject.toml",)
 CONFIG = "kvkit_autograder.json"
 SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ipynb_checkpoints", "examples"}
@@ -102,8 +103,8 @@ command -v unshare >/dev/null 2>&1 || apt-get install -y --no-install-recommends
 "$ROOT/venv/bin/python" -m pip install --extra-index-url https://download.pytorch.org/whl/cpu \
   -r "$SOURCE/requirements-grading.txt"
 "$ROOT/venv/bin/python" -m pip install --no-deps -e "$SOURCE"
-"$ROOT/venv/bin/python" -c "import grader.gradescope, numpy, torch; print('kvkit autograder ready')"
-# The kit is the grader's alone: the submission runs as another uid (grader/gradescope.py).
+"$ROOT/venv/bin/python" -c "import grader.batch.gradescope, numpy, torch; print('kvkit autograder ready')"
+# The kit is the grader's alone: the submission runs as another uid (grader/batch/gradescope.py).
 chmod -R go-rwx "$SOURCE"
 """
 
@@ -118,7 +119,7 @@ mkdir -p "$ROOT/results"
 rm -f "$ROOT/results/results.json"
 cd "$SOURCE" || exit 0
 chmod -R go-rwx "$SOURCE" 2>/dev/null
-PYTHONPATH="$SOURCE${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m grader.gradescope --autograde --root "$ROOT"
+PYTHONPATH="$SOURCE${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m grader.batch.gradescope --autograde --root "$ROOT"
 status=$?
 if [ ! -s "$ROOT/results/results.json" ]; then
   printf '{"score": 0, "output": "The autograder could not run (exit status %s). Please tell the course staff.", "tests": []}\n' \
@@ -243,12 +244,12 @@ def build(out: str, config: dict, rubric: str | None = None) -> list[str]:
         names.append("requirements-grading.txt")
         # The starter bundle's fingerprints, computed here where its sources are: the autograder ships
         # without the exercises, and still sets aside the bundle files a student hands back unchanged.
-        from kvkit.starter import bundle_fingerprints
+        from grader.shipped.bundle import bundle_fingerprints
 
         _add(zf, FINGERPRINTS, (json.dumps(bundle_fingerprints(), indent=0, sort_keys=True) + "\n").encode())
         names.append(FINGERPRINTS)
         # The cost figures, computed here from the cost model: the bundle ships no reference solution.
-        from grader import costs
+        from grader.stages import costs
 
         _add(zf, COSTS, (json.dumps(costs.computed(), indent=1) + "\n").encode())
         names.append(COSTS)
@@ -351,7 +352,7 @@ def sandbox_for(config: dict, readable: list[str]) -> tuple[object, str, bool]:
 
 def autograde(root: str) -> int:
     """Grade ``root``/submission and write ``root``/results/results.json; 0 unless that file cannot be written."""
-    from grader import report as report_mod
+    from grader.stages import report as report_mod
 
     started = time.monotonic()
     results_path = os.path.join(root, "results", "results.json")
@@ -372,8 +373,8 @@ def autograde(root: str) -> int:
             results = _failure("No submission found: upload kv_cache.py (with cost.py, kv_cache_torch.py and "
                                "test_*.py if you have them), or a notebook.")
         else:
-            from grader.grade import Options, grade
-            from grader.rubric import load as load_rubric
+            from grader.stages.grade import Options, grade
+            from grader.stages.rubric import load as load_rubric
 
             rubric = config.get("rubric")
             options = Options(timeout=float(config.get("timeout", 120.0)), trials=int(config.get("trials", 200)),
@@ -422,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
               "a bundle (every results.json then tells the staff NO ISOLATION), or leave --isolation out",
               file=sys.stderr)
         return 2
-    from grader.rubric import RubricError, load as load_rubric
+    from grader.stages.rubric import RubricError, load as load_rubric
 
     try:
         points = load_rubric(args.rubric).max_score

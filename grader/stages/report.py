@@ -6,10 +6,10 @@ fix) or ``grader_error`` (the kit failed, not the candidate). Only a graded
 report has a tier; every renderer and summary switches on the status.
 
 Text that came from a submission (exception messages, file names) is data:
-every renderer passes it through :func:`grader.inert.clean` (one line, no
+every renderer passes it through :func:`grader.stages.inert.clean` (one line, no
 control, format or separator characters, cut at a whole word), prints it with
-rich markup off, escapes it in Markdown (:func:`grader.inert.md`) and keeps it
-from starting a formula in CSV (:func:`grader.inert.csv_cell`).
+rich markup off, escapes it in Markdown (:func:`grader.stages.inert.md`) and keeps it
+from starting a formula in CSV (:func:`grader.stages.inert.csv_cell`).
 
 Each state has one name in every human-facing output (:data:`LABEL`,
 :data:`STATUS_LABEL`): a criterion passes, fails, is not attempted or is not
@@ -23,8 +23,8 @@ import os
 import tempfile
 import time
 
-from grader.inert import clean, csv_cell, md, shorten  # noqa: F401 - the renderers' one cleaning, re-exported
-from grader.rubric import Tier
+from grader.stages.inert import clean, csv_cell, md, shorten  # noqa: F401 - the renderers' one cleaning, re-exported
+from grader.stages.rubric import Tier
 
 SCHEMA = "kvkit.report/1"
 STATUSES = ("graded", "not_graded", "grader_error")
@@ -230,7 +230,7 @@ def mistakes_line(report: dict, rubric=None, audience: str = "hiring") -> str:
 
 def write_markdown(path: str, reports: list[dict], rubric=None, audience: str = "hiring") -> None:
     """Write the Markdown report to ``path`` and each diagnosis picture as a PNG beside it (``<stem>-img/``)."""
-    from grader import pictures
+    from grader.stages import pictures
 
     stem = os.path.splitext(os.path.basename(path))[0]
     folder = os.path.join(os.path.dirname(os.path.abspath(path)), f"{stem}-img")

@@ -1,7 +1,7 @@
 """The planted variants, served from the parent to the candidate's own tests (part of the run stage).
 
 Under the control and under every planted mistake, the own-tests process runs
-the same wrapper (``grader/child/owntests.py``): it calls the submission's own
+the same wrapper (``grader/child/run_own_tests.py``): it calls the submission's own
 ``append`` and ``gqa_attention``, then sends each call's outcome here and uses
 the outcome it gets back. Only this process knows which task runs which
 variant, so nothing the submission's process can read, in its memory, frames

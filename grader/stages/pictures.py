@@ -2,7 +2,7 @@
 
 A mask picture puts the keys a submission's queries saw beside the right
 window for the smallest failing case; a head picture plots the KV head each
-query head read against ``h // G``. The data comes from ``grader.diagnose``
+query head read against ``h // G``. The data comes from ``grader.stages.diagnose``
 (recovered in the parent from outputs): nothing here runs submission code.
 """
 from __future__ import annotations

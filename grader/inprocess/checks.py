@@ -5,7 +5,7 @@ its kernel anyway) and for quick self-checks: the same trials, oracle and
 criteria as ``kvkit grade``, without the sandbox. Never use this on code you do
 not trust; the grader proper runs submissions in a child process.
 
-    from grader.checks import check
+    from grader.inprocess.checks import check
     result = check("chunked_prefill", KVCache, gqa_attention)
     assert result.passed, result.message
 """
@@ -17,9 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grader import compare, criteria, jobs, meters
+from grader.stages import compare, criteria, jobs
+
+from grader.inprocess import meters
 from grader.child import tasks as child_tasks
-from grader.suite import random_trials, small_cases, targeted_trials
+from grader.stages.suite import random_trials, small_cases, targeted_trials
 
 CORRECTNESS = {
     "decode": ("decode", "decode"),
@@ -27,7 +29,7 @@ CORRECTNESS = {
     "chunked_prefill": ("chunked_prefill", "chunked prefill"),
     "ragged_rows": ("ragged", "ragged-row"),
 }
-# Each check is named by the criterion id it decides (grader.criteria.REGISTRY), but two of the notebook's own.
+# Each check is named by the criterion id it decides (grader.stages.criteria.REGISTRY), but two of the notebook's own.
 NAMES = (*CORRECTNESS, "ragged_rows_unchunked", "head_mapping", "padding", "preallocated_in_place", "overflow_atomic",
          "no_kv_repeat", "torch_ops")
 

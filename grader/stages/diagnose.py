@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from catalogue import mutants, structure
-from grader import jobs
+from grader.stages import jobs
 from grader.child import tasks as child_tasks
-from grader.compare import UNIFORM, Comparison, history_kinds
-from grader.oracle import OracleCache, oracle_attention
-from grader.suite import Trial
+from grader.stages.compare import UNIFORM, Comparison, history_kinds
+from grader.stages.oracle import OracleCache, oracle_attention
+from grader.stages.suite import Trial
 
 MATCH_TOLERANCE = {"float64": 1e-8, "float32": 1e-4}
 # Mistakes told by exact reproduction of the hidden trials' outputs: missing_scale (right at q = 0), and the

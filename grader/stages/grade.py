@@ -19,17 +19,17 @@ import tomllib
 from dataclasses import dataclass, field
 
 from catalogue import mutants as catalogue_mutants
-from grader import compare, costs, criteria as criteria_mod, diagnose, jobs, owntests, probes as probes_mod, run as run_mod, suite
-from grader import report as report_mod
-from grader import rubric as rubric_mod
+from grader import KIT_ROOT
+from grader.stages import compare, costs, criteria as criteria_mod, diagnose, jobs, own_tests as owntests, probes as probes_mod, run as run_mod, suite
+from grader.stages import report as report_mod
+from grader.stages import rubric as rubric_mod
 from grader.sandbox import launch
-from grader.submission import (SubmissionError, laid_out_sha256, materialize, missing_module, name_of,
+from grader.stages.layout import (SubmissionError, laid_out_sha256, materialize, missing_module, name_of,
                                provide_helpers, sandbox_refusal, set_aside_bundle, shadowing)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CATALOGUE = os.path.join(os.path.dirname(HERE), "catalogue")
+CATALOGUE = os.path.join(KIT_ROOT, "catalogue")
 SCHEMA = report_mod.SCHEMA
-# The cost table's inputs plus a second set (kvkit/cost_table.py), so no figure can be typed in (grader/costs.py).
+# The cost table's inputs plus a second set (grader/shipped/cost_table.py), so no figure can be typed in (grader/stages/costs.py).
 COST_CALLS = costs.figures()["calls"]
 
 
@@ -140,7 +140,7 @@ def _name_mistakes(criteria: dict, comparison, outputs_by_trial) -> tuple[dict, 
 
 
 def _probe_runs(session, backend: str, plan) -> dict:
-    """``{purpose: [(probe, task, built), ...]}`` for one session's probes (``grader.probes``)."""
+    """``{purpose: [(probe, task, built), ...]}`` for one session's probes (``grader.stages.probes``)."""
     runs: dict = {}
     built = run_mod.job_data(plan)[3]
     for probe in plan.probes:

@@ -15,18 +15,18 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import threading
-import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-from grader import report as report_mod
-from grader.grade import FULL_TRIALS, SCHEMA, Options, grade, prepare_inputs
-from grader.rubric import AUDIENCES, RubricError, load as load_rubric
-from grader.submission import name_of
+from grader import KIT_ROOT
+from grader.sandbox import reaper
+from grader.stages import report as report_mod
+from grader.stages.grade import FULL_TRIALS, SCHEMA, Options, grade, prepare_inputs
+from grader.stages.rubric import AUDIENCES, RubricError, load as load_rubric
+from grader.stages.layout import name_of
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "catalogue", "examples")
+EXAMPLES = os.path.join(KIT_ROOT, "catalogue", "examples")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -105,7 +105,7 @@ def _grade_one(path: str, options: Options) -> dict:
     try:
         return grade(path, options)
     except Exception as exc:  # noqa: BLE001
-        from grader.grade import _error_report
+        from grader.stages.grade import _error_report
 
         report = _error_report(name_of(path), options, f"the grader failed on this submission ({type(exc).__name__}: "
                                f"{str(exc)[:200]})", started, status="grader_error")
@@ -126,7 +126,7 @@ def finished_reports(paths: list[str], out_dir: str, changed: list | None = None
     """
     import json
 
-    from grader.submission import hand_back_sha256
+    from grader.stages.layout import hand_back_sha256
 
     done = {}
     names = names or batch_names(paths)
@@ -154,7 +154,7 @@ def finished_reports(paths: list[str], out_dir: str, changed: list | None = None
 def _well_formed(report: dict) -> bool:
     """Whether a kept report has the fields the summaries read, of their types: a tier of the rubric, a
     number for its score, criteria each with a text id and status, lists of mistake ids."""
-    from grader.rubric import TIERS
+    from grader.stages.rubric import TIERS
 
     texts = lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)  # noqa: E731
     criteria = report.get("criteria")
@@ -349,13 +349,13 @@ def main(argv: list[str] | None = None) -> int:
                             finished(futures[future], future.result())
                             progress.advance(task)
             except KeyboardInterrupt:
-                _stop_workers()
+                reaper.stop_workers()
                 raise
             finally:
                 pool.shutdown(wait=False, cancel_futures=True)
     except KeyboardInterrupt:
         if args.jobs == 1:
-            _stop_own_sandboxes()
+            reaper.stop_own_sandboxes()
         written = len(reports) - len(done)
         left = len(paths) - len(reports)
         if args.out:
@@ -382,11 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.gradescope:
         report_mod.write_json_atomic(args.gradescope, report_mod.gradescope(ordered[0], rubric, args.audience))
     if args.out:
-        from grader import summary
+        from grader.batch import summary
 
         summary.write(ordered, args.out, rubric=rubric, audience=args.audience)
     if len(ordered) > 1 and not getattr(args, "pipe_closed", False):
-        from grader import summary
+        from grader.batch import summary
 
         try:
             summary.print_summary(ordered, console, rubric, args.audience)
@@ -401,31 +401,6 @@ def main(argv: list[str] | None = None) -> int:
 
 # --------------------------------------------------------------------------- Ctrl-C
 #
-# What there is to stop. Each sandboxed session is a child process that starts
-# a session (process group) of its own, under a cgroup of its own named
-# kvkit-<pid>-<n> where the machine has cgroups, with temporary folders named
-# kvkit-<kind>-<pid>-... (launch.temp_dir), <pid> being the process that runs
-# the session: a --jobs worker, or the grader itself with --jobs 1. Sessions
-# run in threads, so nothing of that process can be frozen from inside it.
-#
-# So, with --jobs N: the workers never act on SIGINT (a no-op handler: Ctrl-C
-# at a terminal reaches the whole foreground group, and a KeyboardInterrupt in
-# a worker would print a traceback). The grader notes it within 0.1 s, then
-# from outside: SIGSTOP each worker (no thread of it runs again: nothing new
-# starts), then, level by level until no new one appears, SIGSTOP everything
-# below them; SIGKILL each stopped process and each process group one of them
-# leads (the sandboxes' groups); when the workers are gone, remove their
-# cgroups and temporary folders by name. Nothing waits on a worker's
-# cooperation, so the stop takes a few hundred milliseconds.
-#
-# With --jobs 1 the grader is its own worker: KeyboardInterrupt unwinds the
-# grading; the grader kills everything below itself the same way, lets its
-# session threads run their own clean-up (at most WORKER_GRACE_S), then
-# removes what is left of its own by name.
-
-WORKER_GRACE_S = 1.0
-
-
 class _Interrupt:
     """The grader's SIGINT handler: the first SIGINT raises KeyboardInterrupt, or while deferred only sets
     ``hit``; a later one does nothing (the clean-up is not cut short)."""
@@ -474,133 +449,6 @@ def _worker_init() -> None:
 
 def _ignore_signal(signum, frame) -> None:
     pass
-
-
-def _processes() -> dict:
-    """``{pid: (parent pid, process group)}`` of every process this one can see (Linux /proc; {} elsewhere)."""
-    found = {}
-    try:
-        names = [n for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
-        return found
-    for name in names:
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-            fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (command) ": state, ppid, pgrp
-            found[int(name)] = (int(fields[1]), int(fields[2]))
-        except (OSError, ValueError, IndexError):
-            pass
-    return found
-
-
-def _kill_below(roots: set, with_roots: bool) -> None:
-    """SIGKILL every process below ``roots`` (and ``roots`` too when ``with_roots``), frozen first with
-    SIGSTOP so that none can start another in between, and every process group one of them leads."""
-    def send(pid, sig):
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-
-    if with_roots:
-        for pid in roots:
-            send(pid, signal.SIGSTOP)
-    stopped, leaders = set(), set()
-    for _ in range(100):  # one level of new descendants per round, at most
-        table = _processes()
-        below, todo = set(), list(roots)
-        while todo:
-            parent = todo.pop()
-            for pid, (ppid, _) in table.items():
-                if ppid == parent and pid not in below:
-                    below.add(pid)
-                    todo.append(pid)
-        leaders |= {pid for pid in below if table[pid][1] == pid}
-        new = below - stopped
-        if not new:
-            break
-        for pid in new:
-            send(pid, signal.SIGSTOP)
-        stopped |= new
-    for pid in leaders - roots:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    for pid in stopped | (roots if with_roots else set()):
-        send(pid, signal.SIGKILL)
-
-
-def _remove_cgroups(pids: set) -> None:
-    """Remove the cgroups the processes ``pids`` made (``grader.sandbox.cgroup.remove_groups_of``)."""
-    from grader.sandbox import cgroup
-
-    cgroup.remove_groups_of(pids, WORKER_GRACE_S)
-
-
-def _remove_temp_folders(pids: set) -> None:
-    """Remove the kit's temporary folders that the processes ``pids`` made (named by launch.temp_dir)."""
-    from grader.sandbox import launch
-
-    parents = {tempfile.gettempdir(), os.environ.get("KVKIT_PROBE_DATA") or "", "/dev/shm"} - {""}
-    for parent in parents:
-        try:
-            names = os.listdir(parent)
-        except OSError:
-            continue
-        for name in names:
-            prefix = next((p for p in launch.STALE_PREFIXES if name.startswith(p)), None)
-            pid = name[len(prefix):].split("-")[0] if prefix else ""
-            if pid.isdigit() and int(pid) in pids:
-                launch.remove_tree(os.path.join(parent, name))
-
-
-def _stop_workers() -> None:
-    """--jobs N: stop the pool's workers and everything they started, then remove what they left."""
-    import multiprocessing
-
-    workers = multiprocessing.active_children()  # the pool's workers: this process starts no other
-    pids = {worker.pid for worker in workers}
-    _kill_below(pids, with_roots=True)
-    # Every worker must be gone before its cgroups are listed: one still dying may finish a mkdir it had
-    # under way, and a group made after the listing would be left behind.
-    wait_for_all([worker.sentinel for worker in workers], WORKER_GRACE_S)
-    _remove_cgroups(pids)
-    _remove_temp_folders(pids)
-
-
-def wait_for_all(sentinels: list, timeout_s: float) -> list:
-    """Wait until every one of ``sentinels`` (process sentinels, connections) is ready or ``timeout_s``
-    seconds have passed; return those still not ready. (``multiprocessing.connection.wait`` returns as soon
-    as any one is ready.)"""
-    from multiprocessing.connection import wait
-
-    deadline = time.monotonic() + timeout_s
-    waiting = list(sentinels)
-    while waiting:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        ready = wait(waiting, timeout=left)
-        waiting = [s for s in waiting if s not in ready]
-    return waiting
-
-
-def _stop_own_sandboxes() -> None:
-    """--jobs 1: the grading has unwound; its session threads are still running. Kill everything below
-    this process, let the threads run their own clean-up, then remove what is left of ours."""
-    threading.excepthook = lambda args: None  # a session thread may fail as its sandbox vanishes: we are leaving
-    me = os.getpid()
-    deadline = time.monotonic() + WORKER_GRACE_S
-    while True:
-        _kill_below({me}, with_roots=False)  # again: a thread may have started a sandbox since
-        busy = [t for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()]
-        if not busy or time.monotonic() > deadline:
-            break
-        busy[0].join(timeout=0.05)
-    _remove_cgroups({me})
-    _remove_temp_folders({me})
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from grader.oracle import ReferenceHistory
-from grader.suite import Trial, hidden_suite
+from grader.stages.oracle import ReferenceHistory
+from grader.stages.suite import Trial, hidden_suite
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 

@@ -1,6 +1,6 @@
 """The figures a submission's ``cost.py`` is checked against: the calls the grader makes and what each returns.
 
-In the kit they come from the cost model: ``kvkit/cost_table.py`` gives the calls, ``solutions/cost.py`` the
+In the kit they come from the cost model: ``grader/shipped/cost_table.py`` gives the calls, ``solutions/cost.py`` the
 answers. The Gradescope bundle ships no reference solution, so ``kvkit gradescope`` computes them where the kit
 is and writes them into the bundle as ``grader/bundle_costs.json``, which is read here in their place.
 """
@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import os
 
-BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bundle_costs.json")
+from grader import HOME
+
+BUNDLED = os.path.join(HOME, "bundle_costs.json")
 _FIGURES: dict = {}
 
 
 def computed() -> dict:
     """``{"calls": [[label, function name, args], ...], "expected": {label: value}}`` from the kit's cost model."""
-    from kvkit import cost_table
+    from grader.shipped import cost_table
     from solutions import cost
 
     calls = cost_table.cost_calls()

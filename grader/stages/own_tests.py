@@ -1,10 +1,10 @@
 """Grade the candidate's own tests: do they pass on the submission and catch the planted mutants?
 
 Each variant runs in a process of its own, forked from the sandbox's trusted
-zygote (``grader/child/owntests.py``): the submission as it is (``none``), the
+zygote (``grader/child/run_own_tests.py``): the submission as it is (``none``), the
 control (the same wrapper as every mutant, with no change in behaviour) and
 each planted mistake. The variant stays in the parent, which answers the
-wrapped calls (``grader/variants.py``): a test can tell a mutant only by the
+wrapped calls (``grader/stages/variants.py``): a test can tell a mutant only by the
 outcomes it checks. The parent reads the exit codes as data and builds the
 kill matrix. Strong Hire needs the tests to pass on the submission and on the
 control, and to catch ``chunk_local_mask``; a submission that refuses chunked
@@ -19,9 +19,9 @@ import os
 import re
 
 from catalogue import mutants
-from grader import variants
-from grader.criteria import Criterion
-from grader.inert import shorten, strip
+from grader.stages import variants
+from grader.stages.criteria import Criterion
+from grader.stages.inert import shorten, strip
 
 KEY_MUTANT = mutants.MUST_CATCH
 # The key mistake a submission that refuses chunked prefill with a clear error may catch instead: the
@@ -147,7 +147,7 @@ def _kept(session, task_of) -> str:
     large, kept = counts.get("too_large", 0), counts.get("kept", 0)
     parts = []
     if large:
-        parts.append(f"{large} call(s) too large to plant a mistake in (past the limits of grader/variants.py; "
+        parts.append(f"{large} call(s) too large to plant a mistake in (past the limits of grader/stages/variants.py; "
                      f"smaller inputs are checked)")
     if kept:
         parts.append(f"{kept} call(s) outside the contract's shapes, or that the grader could not compute, "

@@ -28,6 +28,8 @@ import tempfile
 import zipfile
 import zlib
 
+from grader import HOME, KIT_ROOT
+
 MAX_FILE_BYTES = 1 * 2**20
 # A zip with more entries is refused before any is read. A working folder zipped with its virtual
 # environment holds tens of thousands (this kit's own .venv, torch included: about 42,000 files); parsing
@@ -63,7 +65,7 @@ def shadowing(files: list[str], installed: set[str]) -> list[str]:
     """Messages for the submission's files whose top-level module name is a standard or installed module.
 
     ``files`` are paths relative to the submission's root; ``installed`` the
-    top-level names to protect (``grader.run.installed_modules``). A file
+    top-level names to protect (``grader.stages.run.installed_modules``). A file
     ``numpy.py`` or a folder ``numpy/`` would stand in for NumPy; the grader
     loads the submission's files by path, after every trusted import, so such
     a file changes nothing there, but a candidate's code that works only
@@ -99,13 +101,13 @@ def set_aside_bundle(workdir: str, files: list[str]) -> tuple[list[str], list[st
     """
     import hashlib
 
-    from kvkit.starter import BuildError, bundle_fingerprints
+    from grader.shipped.bundle import BuildError, bundle_fingerprints
 
     try:
         known = _fingerprints(bundle_fingerprints)
     except (BuildError, OSError):  # a kit installed without its exercises: the Gradescope bundle ships them
         try:
-            with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bundle_fingerprints.json")) as f:
+            with open(os.path.join(HOME, "bundle_fingerprints.json")) as f:
                 known = _fingerprints(lambda: json.load(f))
         except (OSError, ValueError):
             return list(files), []
@@ -793,7 +795,7 @@ def missing_module(import_error, workdir: str, files: list[str], installed) -> s
     (the trials task's ``answer["import"]``: ``{"type", "message"}``, data from
     the child); ``files`` the laid-out files (relative to ``workdir``);
     ``installed`` the top-level module names the grading environment has
-    (``grader.run.installed_modules``). Decided from what happened: the load
+    (``grader.stages.run.installed_modules``). Decided from what happened: the load
     raised ``ModuleNotFoundError`` for a module that is neither installed here
     nor one of the submission's own files, and that one of its files imports
     at its top level, unguarded (read as syntax): a raise of the error by hand,
@@ -850,7 +852,7 @@ def provide_helpers(workdir: str, sources: list[str]) -> list[str]:
         target = os.path.join(workdir, *HELPER_TARGETS.get(module, rel).split("/"))
         if os.path.lexists(target):
             continue
-        source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), *rel.split("/"))
+        source = os.path.join(KIT_ROOT, *rel.split("/"))
         if not os.path.isfile(source):
             continue
         os.makedirs(os.path.dirname(target), exist_ok=True)

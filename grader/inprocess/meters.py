@@ -2,8 +2,8 @@
 
 They run inside the process of the code they measure, so they can explain a
 finding (which op, how many bytes) but never decide a grade of untrusted code:
-the grader measures submissions from outside their process (``grader.run``).
-Thresholds are the grader's (``grader.bounds``).
+the grader measures submissions from outside their process (``grader.stages.run``).
+Thresholds are the grader's (``grader.stages.bounds``).
 """
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import os
 
 import tracemalloc
 
-from grader.bounds import BOUNDS
-from grader.criteria import Criterion
+from grader import KIT_ROOT
+from grader.stages.bounds import BOUNDS
+from grader.stages.criteria import Criterion
 
 GROWTH_FRACTION = BOUNDS["growth_held"].limit  # of the live K/V one append may allocate: a copy is all of it
 REPEAT_FACTOR = BOUNDS["repeat_per_head"].limit  # of G x the live K/V a decode may allocate: a repeat is G
@@ -99,7 +100,7 @@ def op_watch():
 
     name = "_kvkit_opwatch"
     if name not in sys.modules:
-        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "exercises", "tests",
+        path = os.path.join(KIT_ROOT, "exercises", "tests",
                             "opwatch.py")
         found = importlib.util.spec_from_file_location(name, path)
         sys.modules[name] = importlib.util.module_from_spec(found)

@@ -29,7 +29,7 @@ report (``describe``). Three purposes:
   second on are one part, so what making the cache costs (a ``max_len``^2 mask
   table) counts in neither (``criteria.live_length``).
 
-The bounds these figures are judged by are in ``grader.bounds``; how they were
+The bounds these figures are judged by are in ``grader.stages.bounds``; how they were
 measured is in docs/measurement.md.
 """
 from __future__ import annotations
@@ -185,7 +185,7 @@ def _step(flat, k, v, n_new, dtype, **more) -> dict:
 
 
 def build(probe: Probe, flat, memo: dict | None = None) -> Built:
-    """``probe`` as trials whose inputs lie in ``flat`` (a ``grader.jobs.Flat``), with what its marks hand
+    """``probe`` as trials whose inputs lie in ``flat`` (a ``grader.stages.jobs.Flat``), with what its marks hand
     over (queries, digest weights, tokens) and the outputs they must send back. ``memo`` shares the K/V of
     probes that have the same cache (a layout and its twin; the runs of one live length)."""
     c, memo = probe.config, {} if memo is None else memo

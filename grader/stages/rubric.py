@@ -16,10 +16,11 @@ import tomllib
 from dataclasses import dataclass, field
 from enum import Enum
 
-from grader.criteria import REGISTRY
-from grader.inert import join, shorten, strip
+from grader import HOME
+from grader.stages.criteria import REGISTRY
+from grader.stages.inert import join, shorten, strip
 
-DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rubric.toml")
+DEFAULT = os.path.join(HOME, "rubric.toml")
 REASON_LIMIT = 500  # a tier reason lists whole checks up to this many characters, then "and N more"
 class Tier(str, Enum):
     """The verdicts, lowest first; the one type every module uses (a ``str``, so JSON and comparisons see the name)."""
@@ -51,7 +52,7 @@ class Rubric:
     audiences: dict = field(default_factory=lambda: dict(DEFAULT_AUDIENCES))  # name -> labels of TIERS
 
     def title(self, cid: str) -> str:
-        """The criterion's title (from the registry, ``grader.criteria.REGISTRY``)."""
+        """The criterion's title (from the registry, ``grader.stages.criteria.REGISTRY``)."""
         return REGISTRY[cid].title if cid in REGISTRY else cid
 
     def label(self, tier: str | None, audience: str = "hiring") -> str | None:
@@ -158,7 +159,7 @@ def load(path: str | None = None) -> Rubric:
             raise RubricError(f"rubric {path}: criterion {cid} needs numeric points and tier Hire, Strong Hire or none")
         if "title" in spec:
             raise RubricError(f"rubric {path}: criterion {cid} has a title; titles come from the kit's registry "
-                              "(grader/criteria.py), a rubric gives only points and tiers")
+                              "(grader/stages/criteria.py), a rubric gives only points and tiers")
         spec["title"] = REGISTRY[cid].title
     tiers = data.get("tiers", {})
     cap = tiers.get("port_mistake_cap", "Hire")

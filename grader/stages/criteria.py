@@ -4,7 +4,7 @@ Every function here reads data the parent already holds (step verdicts from
 ``compare``, the kernel's figures of each probe's parts, taken between its
 marks by ``grader.sandbox.launch``) and decides one criterion. Nothing is
 guessed from source. The bounds are ratios, each defined once in
-``grader.bounds``; how they were measured is docs/measurement.md.
+``grader.stages.bounds``; how they were measured is docs/measurement.md.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from grader.bounds import BOUNDS, call_held_limit, task_held_limit
-from grader.compare import Comparison, StepVerdict, first_failure
+from grader.stages.bounds import BOUNDS, call_held_limit, task_held_limit
+from grader.stages.compare import Comparison, StepVerdict, first_failure
 
 CHARGE_SLACK = 256 * 2**10  # bytes: the memory a cgroup is charged ahead of use (64 pages, MEMCG_CHARGE_BATCH)
 PROBE_TOLERANCE = 1e-4  # float32 probe outputs against the float64 computation
@@ -31,7 +31,7 @@ class Criterion:
     caps: str = ""  # the port only: why it caps the tier though no mistake is named (it could not be measured)
     silent: bool = False  # some step returned a wrong output (rather than raising): silently wrong
     unjudgeable: bool = False  # error: the code ran and measured, but no figure can tell (not the port's fault)
-    figures: dict = field(default_factory=dict)  # the measured ratios it was judged by, by bound (grader.bounds)
+    figures: dict = field(default_factory=dict)  # the measured ratios it was judged by, by bound (grader.stages.bounds)
 
 
 def _where(step: StepVerdict) -> str:
@@ -191,7 +191,7 @@ def probe_failure(task, built, check_output: bool = True, refused: bool = False)
     """Why a probe task gives no figure to decide on ("" when it ran, made every mark its calls call for,
     and its outputs are right).
 
-    ``built`` is the probe's ``grader.probes.Built`` (its marks and expected outputs). ``check_output`` is
+    ``built`` is the probe's ``grader.stages.probes.Built`` (its marks and expected outputs). ``check_output`` is
     off when decode is wrong on the hidden trials too: a wrong probe output is then that same mistake, not
     a "measurement mode", and the figure stands. The stored keys of an append-only probe are always checked.
     ``refused``: the submission refuses chunked prefill with a clear error, so a probe's call of that kind
@@ -278,7 +278,7 @@ def _held(probe, task) -> int:
 def no_repeat(runs: list, check_output: bool = True, refused: bool = False) -> Criterion:
     """Decode and chunked-prefill attention at drawn real layouts, each beside its twin at G = 1.
 
-    ``runs`` holds ``(probe, task, built)`` per memory probe (``grader.probes``). Each attention call is a
+    ``runs`` holds ``(probe, task, built)`` per memory probe (``grader.stages.probes``). Each attention call is a
     part of its own between two marks, so what it adds to the memory in use is the kernel's figure of that
     call alone: a K/V repeat adds about G times the K/V it reads at the layout and once or not at all at the
     twin (``repeat_per_head``), wherever it is written (NumPy, torch, mmap, shared memory) and in whichever
@@ -353,7 +353,7 @@ def no_repeat(runs: list, check_output: bool = True, refused: bool = False) -> C
 def in_place(runs: list, explain: list | None = None, check_output: bool = True, copy_s: float = 0.0) -> Criterion:
     """One-token appends from a prefill of half the tokens to the end, a mark every 1/32 of them: the kernel's figures.
 
-    ``runs`` is ``[(probe, task, built)]`` for the growth probe (``grader.probes``). Written in place, the
+    ``runs`` is ``[(probe, task, built)]`` for the growth probe (``grader.stages.probes``). Written in place, the
     memory in use only grows as pages are first written, and each append costs the same whatever the
     length. Reallocated and copied (by concatenation, in steps, or by doubling), a part holds the old buffer
     beside its copy and ends below its peak (``growth_held``), and a copy on every append costs in
@@ -444,7 +444,7 @@ def overflow(probe) -> Criterion:
 def _same_as_twin(step: StepVerdict, outputs_by_trial: dict | None, twin_verdict: StepVerdict | None = None) -> bool:
     """Whether the decode after a failed append gave exactly what the same decode gave in the trial's twin
     (the same calls without that append): then the append changed nothing, whatever else is wrong."""
-    from grader.suite import TWIN
+    from grader.stages.suite import TWIN
 
     if step.status == "raised" and twin_verdict is not None:
         # The decode raises after the failed append and in the twin alike: attention itself raises.
@@ -475,7 +475,7 @@ def overflow_from_trials(comparison: Comparison, outputs_by_trial: dict | None =
     bad = next((s for s in over if s.status not in ("ok", "not_run")), None)
     if bad is not None:
         return Criterion(cid, "fail", f"{_where(bad)}: {bad.detail}")
-    from grader.suite import TWIN
+    from grader.stages.suite import TWIN
 
     def twin_of(step):
         index = step.index - sum(1 for s in step.trial.steps[:step.index] if s.overflow)
@@ -624,10 +624,10 @@ REGISTRY = {spec.id: spec for spec in (
     CriterionSpec("overflow_atomic", "Overflow raises and changes nothing", "overflow_from_trials",
                   ("overflow", "after_overflow")),
     CriterionSpec("cost_model", "Cost quantified (cost.py)", "cost_model", ("cost.py",)),
-    CriterionSpec("own_tests", "Own tests: pass, and catch the chunk-local mask", "grader.owntests.criterion",
+    CriterionSpec("own_tests", "Own tests: pass, and catch the chunk-local mask", "grader.stages.own_tests.criterion",
                   ("test_*.py",)),
     CriterionSpec("live_length", "Attention over the live length, not max_len", "live_length", ("probe:scan",)),
-    CriterionSpec("torch_port", "PyTorch port: right, in place, no repeat", "grader.grade._torch_section",
+    CriterionSpec("torch_port", "PyTorch port: right, in place, no repeat", "grader.stages.grade._torch_section",
                   ("kv_cache_torch.py",)),
 )}
 # Criteria decided by comparing outputs step by step: {id: step kind}.

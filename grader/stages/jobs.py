@@ -11,7 +11,7 @@ import io
 
 import numpy as np
 
-from grader.suite import Trial
+from grader.stages.suite import Trial
 
 
 class Flat:

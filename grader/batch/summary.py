@@ -24,11 +24,11 @@ import io
 import os
 from collections import Counter
 
-from grader.inert import clean, csv_cell, md
-from grader.report import LABEL, STATUS_LABEL, criterion_label, merged_score, mistake_sections, status_of, \
+from grader.stages.inert import clean, csv_cell, md
+from grader.stages.report import LABEL, STATUS_LABEL, criterion_label, merged_score, mistake_sections, status_of, \
     write_text_atomic
-from grader.rubric import TIERS as RUBRIC_TIERS
-from grader.suite import FULL_TRIALS
+from grader.stages.rubric import TIERS as RUBRIC_TIERS
+from grader.stages.suite import FULL_TRIALS
 
 TIERS = list(reversed(RUBRIC_TIERS))  # best first
 
@@ -94,7 +94,7 @@ def _label(rubric, audience):
 
 def markdown(reports: list[dict], elapsed_s: float | None = None, rubric=None, audience: str = "hiring") -> str:
     """``summary.md``: status and tier counts, each criterion's pass rate, the mistakes named, and the
-    hand-backs not graded with what to fix; every text of a submission's through :func:`grader.inert.md`."""
+    hand-backs not graded with what to fix; every text of a submission's through :func:`grader.stages.inert.md`."""
     n = len(reports)
     statuses = status_counts(reports)
     n_graded = statuses.get("graded", 0)
@@ -162,7 +162,7 @@ def summary_csv(reports: list[dict], rubric=None, audience: str = "hiring") -> s
 def csv_text(reports: list[dict], rubric=None, audience: str = "hiring") -> str:
     """One row per submission: status, tier (in ``audience``'s words), score, mistakes and each criterion's
     state (``grades.csv``), in the words of every other output. A report that was not graded has no tier;
-    its score is :func:`grader.report.merged_score` (0 for a hand-back that cannot be graded, such as a
+    its score is :func:`grader.stages.report.merged_score` (0 for a hand-back that cannot be graded, such as a
     blank notebook; empty for a grader error) and its reason says what to fix."""
     out = io.StringIO()
     writer = _Writer(out)
@@ -180,7 +180,7 @@ def csv_text(reports: list[dict], rubric=None, audience: str = "hiring") -> str:
 
 
 class _Writer:
-    """``csv.writer`` whose every cell goes through :func:`grader.inert.csv_cell`."""
+    """``csv.writer`` whose every cell goes through :func:`grader.stages.inert.csv_cell`."""
 
     def __init__(self, out):
         self._writer = csv.writer(out)
@@ -211,11 +211,11 @@ def _mistakes_cell(report: dict) -> str:
 
 def print_summary(reports: list[dict], console, rubric=None, audience: str = "hiring") -> None:
     """The batch's table on ``console``: each submission's verdict, score (as in grades.csv) and mistakes
-    or reason, rich ``Text`` (markup off) after :func:`grader.inert.clean`; then the counts."""
+    or reason, rich ``Text`` (markup off) after :func:`grader.stages.inert.clean`; then the counts."""
     from rich.table import Table
     from rich.text import Text
 
-    from grader.report import headline
+    from grader.stages.report import headline
 
     label = _label(rubric, audience)
     table = Table(title=f"{len(reports)} submissions")

@@ -6,7 +6,7 @@ candidate's own tests, one process per variant. The port's session runs the
 same trials and probes with torch tensors. Every figure a criterion decides on
 comes from the kernel or the parent (``grader.sandbox.launch``), taken
 between the marks each trials task makes; each probe also returns its last
-outputs, which the parent checks. What the probes are is ``grader.probes``.
+outputs, which the parent checks. What the probes are is ``grader.stages.probes``.
 """
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from catalogue import mutants
-from grader import jobs, probes as probes_mod, variants
+from grader.stages import jobs, probes as probes_mod, variants
 from grader.child import protocol
 from grader.sandbox import launch
-from grader.suite import Trial
+from grader.stages.suite import Trial
 
 OWN_VARIANTS = ["none", mutants.CONTROL] + list(mutants.PLANTED)
 
