@@ -12,36 +12,39 @@ recomputes each affected query as a decode step over the window of keys the
 mistake would let it see, using the wrapped implementation itself. Slow, and
 only meant for the small inputs of tests and diagnosis.
 
-This file is self-contained (NumPy only) so it can be copied into a sandbox.
+This file needs only NumPy and ``rules.py`` beside it (the windows are the mask rule's), so the two
+can be copied into a sandbox or a bundle together.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 
-# Visible-window rules: which keys query slot ``t`` of row ``b`` sees, as ``c``
-# (keys 0 .. c-1) or ``(lo, c)`` (keys lo .. c-1). ``pos`` is its correct absolute
-# position, ``lens`` the row length after the append, ``n`` the row's new tokens,
-# ``T`` the slots, ``S`` = lens.max(). Returning ``pos + 1`` is the correct rule;
-# ``None`` means "left undefined" (no key visible: real code gives 0, NaN or
-# anything, so diagnosis skips it).
-WINDOWS = {
-    # Top-left aligned mask over [T, S]; decode (T == 1) skips the mask.
-    "chunk_local_mask": lambda pos, t, lens, n, T, S: pos + 1 if T == 1 else min(t + 1, lens),
-    # The cached prefix hidden: a chunk attends only to its own keys (causally); decode reads the whole row.
-    "chunk_local_mask/prefix_hidden": lambda pos, t, lens, n, T, S: pos + 1 if T == 1 else (pos - t, pos + 1),
-    # Sees its successor too (silent at decode: nothing follows the last token).
-    "off_by_one_mask": lambda pos, t, lens, n, T, S: min(pos + 2, lens),
-    # Not itself: the first token sees nothing.
-    "off_by_one_mask/too_few": lambda pos, t, lens, n, T, S: pos if pos > 0 else None,
-    # Positions counted from the batch's longest row, so a shorter row's query
-    # also sees the empty slots past its own length.
-    "ragged_keys_unmasked": lambda pos, t, lens, n, T, S: min(S - n + t + 1, S),
-    # The same with one bottom-right mask for the whole batch: tril(ones(T, S), S - T).
-    "ragged_keys_unmasked/batch_mask": lambda pos, t, lens, n, T, S: max(min(S - T + t + 1, S), 0) or None,
-}
+try:
+    from . import rules
+except ImportError:  # loaded by path (step 7's shim, a copy beside a notebook): rules.py lies beside this file
+    def _sibling(name: str):
+        import importlib.util
+        import os
+        import sys
+
+        key = f"_kvkit_{name}"
+        if key not in sys.modules:
+            path = os.path.join(os.path.dirname(os.path.realpath(__file__)), f"{name}.py")
+            if not os.path.isfile(path):
+                raise ImportError(f"{os.path.basename(__file__)} needs {name}.py beside it ({path})") from None
+            spec = importlib.util.spec_from_file_location(key, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[key] = module  # before it runs: its dataclasses look their module up there
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[key]
+                raise
+        return sys.modules[key]
+
+    rules = _sibling("rules")
 
 # Every variant the grader compares a wrong output against, by mistake id.
 VARIANTS = {
@@ -53,6 +56,25 @@ VARIANTS = {
     "nan_padding": ["nan_padding"],
     "length_before_write": ["length_before_write"],
 }
+
+
+def _planted(mask: "rules.Mask"):
+    """The window of ``mask`` as a planted mutant applies it: ``(pos, t, lens, n, T, S)`` -> ``c`` (keys
+    0 .. c-1), ``(lo, c)`` (keys lo .. c-1), or None where no key is visible (left undefined: real code
+    gives 0, NaN or anything, so diagnosis skips it). ``pos`` (``lens - n + t``) is the query's right
+    position, ``lens`` the row length after the append, ``n`` its new tokens, ``T`` the slots, ``S`` =
+    lens.max()."""
+    def seen(pos, t, lens, n, T, S):
+        lo, c = rules.window(lens, n, t, T, S, mask)
+        if c <= lo:
+            return None
+        return c if lo == 0 else (lo, c)
+    return seen
+
+
+# Visible-window rules of the planted attention mistakes: every variant of ``VARIANTS`` that is a window
+# of ``rules.MASKS`` (the mask rule and each mistake's window are written there once).
+WINDOWS = {name: _planted(rules.MASKS[name]) for names in VARIANTS.values() for name in names if name in rules.MASKS}
 
 # Mistakes whose planted mutant differs from the correct code in what a test can
 # observe (outputs, buffers, lens); the rest show only in time or memory.
@@ -101,14 +123,15 @@ def _windowed_attention(rule, KVCache, gqa_attention, q, cache, n_new):
     kv_heads = cache.k.shape[1]
     S = int(lens.max()) if B else 0
     for b in range(B):
-        for t in range(int(n_new[b])):
-            pos = int(lens[b] - n_new[b]) + t
-            c = rule(pos, t, int(lens[b]), int(n_new[b]), T, S)
+        live, n = int(lens[b]), int(n_new[b])
+        for t in range(n):
+            right = rules.window(live, n, t, T, S)  # keys 0 .. pos: pos is the query's right position
+            c = rule(right[1] - 1, t, live, n, T, S)
             if c is None:
                 out[b, :, t] = np.nan
                 continue
             lo, c = c if isinstance(c, tuple) else (0, c)
-            if (lo, c) != (0, pos + 1):
+            if (lo, c) != right:
                 # The query as a decode step over exactly keys lo .. c-1.
                 w = c - lo
                 window = KVCache(1, kv_heads, w, d, dtype=cache.k.dtype)

@@ -8,14 +8,39 @@ mask, the head map and where tokens were stored; no source is read. Slots that
 hold no token (never written, or padding, whose values are 0) add to ``n`` but
 not to the output, so they show as ``empty`` reads.
 
-Used by the grader's diagnosis and by the learner's step tests, so this file is
-self-contained (NumPy only) and is shipped in the starter bundle.
+Used by the grader's diagnosis and by the learner's step tests, so this file needs only
+NumPy and ``rules.py`` beside it (the windows are the mask rule's), and both ship in the starter bundle.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+try:
+    from . import rules
+except ImportError:  # loaded by path (the step tests' pictures, a copy beside a notebook): rules.py lies beside it
+    def _sibling(name: str):
+        import importlib.util
+        import os
+        import sys
+
+        key = f"_kvkit_{name}"
+        if key not in sys.modules:
+            path = os.path.join(os.path.dirname(os.path.realpath(__file__)), f"{name}.py")
+            if not os.path.isfile(path):
+                raise ImportError(f"{os.path.basename(__file__)} needs {name}.py beside it ({path})") from None
+            spec = importlib.util.spec_from_file_location(key, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[key] = module  # before it runs: its dataclasses look their module up there
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[key]
+                raise
+        return sys.modules[key]
+
+    rules = _sibling("rules")
 
 # Recovered weights are k / n for small integers; these bound the decoding.
 MAX_KEYS = 512
@@ -83,29 +108,25 @@ def decode(out: np.ndarray, B: int, kv_heads: int, positions: int) -> Seen | Non
     return Seen(tokens, n - int(np.round(counts).sum()), n)
 
 
-# The slots a query sees under each known mask pattern: ``c`` (keys 0 .. c-1 of the row), or
-# ``(lo, c)`` (keys lo .. c-1). pos: the query's right position; t: its slot in the call; live: the
-# row's length after the append; n: the row's new tokens; T: slots in the call; S: the longest row's length.
-MASKS = {
-    "right": lambda pos, t, live, n, T, S: pos + 1,
-    # Top-left: the chunk's own causal mask, as if the cache were empty.
-    "chunk_local_mask": lambda pos, t, live, n, T, S: t + 1 if T > 1 else None,
-    # The same mask at decode too (query 0 of a one-token call sees key 0 alone).
-    "chunk_local_mask/at_decode_too": lambda pos, t, live, n, T, S: t + 1,
-    # The cached prefix hidden: the chunk attends only to its own keys, causally, as if the cache held
-    # only the chunk (decode reads the whole row).
-    "chunk_local_mask/prefix_hidden": lambda pos, t, live, n, T, S: (pos - t, pos + 1) if T > 1 else None,
-    # The same at decode too: a one-token call sees its own key alone.
-    "chunk_local_mask/prefix_hidden_at_decode_too": lambda pos, t, live, n, T, S: (pos - t, pos + 1),
-    "off_by_one_mask": lambda pos, t, live, n, T, S: pos + 2 if pos + 2 <= live else None,
-    # Not itself: a row's first token sees nothing (0 keys: a softmax kept finite gives 0 there).
-    "off_by_one_mask/too_few": lambda pos, t, live, n, T, S: pos,
-    # No mask at all on a chunk after a prefix: every key of the row.
-    "future_keys_visible": lambda pos, t, live, n, T, S: live,
-    # Positions counted from the longest row, or one mask [T, S] for the whole batch.
-    "ragged_keys_unmasked": lambda pos, t, live, n, T, S: min(S - n + t + 1, S) if live < S else None,
-    "ragged_keys_unmasked/batch_mask": lambda pos, t, live, n, T, S: S - T + t + 1 if live < S or n < T else None,
-}
+def _pattern(name: str):
+    """``MASKS[name]``: the window of ``rules.MASKS[name]`` for one query, ``(pos, t, live, n, T, S)`` ->
+    ``c`` (keys 0 .. c-1 of the row) or ``(lo, c)`` (keys lo .. c-1); None where the pattern cannot be told
+    from the right mask (it sees the same keys there). pos: the query's right position (``live - n + t``);
+    t: its slot in the call; live: the row's length after the append; n: the row's new tokens; T: slots in
+    the call; S: the longest row's length. ``c`` may be below 0 (one mask for the whole batch when T > S):
+    a window no query can show."""
+    mask = rules.MASKS[name]
+
+    def seen(pos, t, live, n, T, S):
+        lo, c = rules.window(live, n, t, T, S, mask)
+        if mask is not rules.RIGHT and (lo, c) == rules.window(live, n, t, T, S):
+            return None
+        return c if lo == 0 else (lo, c)
+    return seen
+
+
+# The slots a query sees under each known mask pattern (``rules.MASKS``: the right one and each mistake's).
+MASKS = {name: _pattern(name) for name in rules.MASKS}
 # What a pattern's window is, in words, where one mistake has several (the evidence says which was seen).
 SHAPES = {
     "chunk_local_mask": "top-left aligned: the chunk's own causal mask, as if the cache were empty",

@@ -15,6 +15,7 @@ COMMANDS = {
     "starter": ("kvkit.starter", "main", "build the candidate's take-home bundle"),
     "bench": ("benchmarks.bench", "main", "measure the costs and speeds against the physical limit"),
     "cost": ("grader.shipped.cost_table", "print_cost_table", "print the cost table: why the cache is allocated once"),
+    "check-kit": ("grader.batch.check_kit", "main", "check the kit's own data against its code (maintainers)"),
 }
 
 

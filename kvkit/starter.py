@@ -1,14 +1,6 @@
-"""``kvkit starter OUTDIR [--zip]``: the candidate's take-home bundle.
+"""``kvkit starter OUTDIR [--zip] [--hints] [--force]``: the candidate's take-home bundle, built and checked.
 
-The bundle is the learner's path, standing alone: the stub files, the visible
-step tests, a README for the candidate (the task, the contract, how to run
-the tests, what to hand back), ``steps.toml`` (without its hints, which come
-close to the answers; ``--hints`` keeps them for a learner's copy), ``progress.py`` (a copy of kvkit/progress.py, which needs
-only the standard library and, optionally, rich) and the catalogue's planted
-mutants for step 7 (``catalogue/mutants.py`` and a public ``mistakes.toml``: they
-hold no answer). Nothing of ``solutions/``, ``grader/`` or the hidden trials
-goes in, and the build checks it: it refuses when a stub has been filled in
-or when any bundled file shares a non-trivial line with those directories.
+What goes in, and the checks that nothing private does, are ``grader/shipped/bundle.py``'s.
 
     kvkit starter ~/take-home            then: cd ~/take-home && python progress.py
     kvkit starter ~/take-home --zip      also writes ~/take-home.zip

@@ -61,7 +61,8 @@
 # (`grader/rubric.toml`), the one `kvkit grade` uses, so the notebook and the grader weigh a requirement
 # alike; your feedback shows each cell's score out of its points. One criterion of the rubric is not
 # graded here: `live_length` (attention over the live keys, not `max_len`), which `kvkit grade` measures
-# by timing.
+# by timing. The PyTorch port (section 7) is optional: left as handed out, it counts neither for nor
+# against you, its cell then worth your share of its points (the fraction you earned on the other cells).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false} kvkit={"role": "setup"}
 import math
@@ -173,10 +174,12 @@ assert np.array_equal(cache.k[0, :, :3], tokens[0]) and np.array_equal(cache.v[0
 assert np.array_equal(cache.k[1, :, :1], tokens[1, :, :1])
 assert not cache.k[1, :, 1:].any(), "padded slots must not be stored"
 
-cache.append(tokens, -tokens, np.array([1, 2]))  # lands right after what each row holds
-assert cache.lens.tolist() == [4, 3]
+# A decode step: one token per row lands right after what each row holds. (One token, not a chunk after
+# cached tokens: a cache may refuse chunked prefill, which only test_chunked_prefill charges.)
+cache.append(tokens[:, :, :1], -tokens[:, :, :1], np.array([1, 1]))
+assert cache.lens.tolist() == [4, 2]
 assert np.array_equal(cache.k[0, :, 3], tokens[0, :, 0])
-assert np.array_equal(cache.k[1, :, 1:3], tokens[1, :, :2])
+assert np.array_equal(cache.k[1, :, 1], tokens[1, :, 0]) and np.array_equal(cache.v[1, :, 1], -tokens[1, :, 0])
 assert cache.k is k_buffer and cache.v is v_buffer
 ### BEGIN HIDDEN TESTS
 from grader.inprocess.checks import check
@@ -187,11 +190,12 @@ assert result.passed, result.message
 
 # %% nbgrader={"grade": true, "grade_id": "test_overflow", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false} kvkit={"criteria": ["overflow_atomic"]}
 cache = KVCache(2, 1, 4, 2, dtype=np.float64)
-cache.append(np.ones((2, 1, 3, 2)), np.ones((2, 1, 3, 2)), np.array([1, 3]))
+cache.append(np.ones((2, 1, 3, 2)), np.ones((2, 1, 3, 2)), np.array([3, 0]))
 k_before, v_before, lens_before = cache.k.copy(), cache.v.copy(), cache.lens.copy()
 try:
-    # Row 0 has room for both tokens, row 1 for one only.
-    cache.append(np.full((2, 1, 2, 2), 7.0), np.full((2, 1, 2, 2), 7.0), np.array([2, 2]))
+    # Row 0 has room for its one token; row 1, empty, gets 5 tokens, one more than max_len. (No chunk after
+    # cached tokens, as in kvkit grade: a cache that refuses chunked prefill is charged for it once, elsewhere.)
+    cache.append(np.full((2, 1, 5, 2), 7.0), np.full((2, 1, 5, 2), 7.0), np.array([1, 5]))
 except ValueError:
     pass
 else:
@@ -616,17 +620,36 @@ for out, outs, counts in calls:
         assert np.allclose(out[b:b + 1, :, :n], outs[b][:, :, :n]), \
             f"row {b} of the batch differs from the row alone (tokens per row: {counts.tolist()})"
 ### BEGIN HIDDEN TESTS
-from grader.inprocess.checks import check
+from grader.inprocess.checks import check_all
+
+
+def refuses_chunks(KVCache, gqa_attention) -> bool:
+    """Whether a chunk of 2 tokens after 2 cached ones is refused with a clear error, as kvkit grade tells one."""
+    cache = KVCache(1, 1, 4, 2, dtype=np.float64)
+    cache.append(np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)), np.array([2]))
+    try:
+        cache.append(np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)), np.array([2]))
+        gqa_attention(np.ones((1, 1, 2, 2)), cache, np.array([2]))
+    except (NotImplementedError, ValueError, TypeError):
+        return True
+    return False
+
 
 with quietly():
-    # Ragged steps without a chunk after cached tokens: a chunk-local mask loses only the chunked points.
-    result = check("ragged_rows_unchunked", KVCache, gqa_attention)
+    results = check_all(["decode", "full_prefill", "ragged_rows", "ragged_rows_unchunked"], KVCache, gqa_attention)
+    # As kvkit grade judges ragged rows: on every ragged step, chunks after cached tokens included (so a chunk-local
+    # mask fails here too), unless code whose decode and full prefill work refuses such chunks with a clear error:
+    # that refusal is charged to test_chunked_prefill alone, and ragged rows are judged on the calls it leaves.
+    refused = results["decode"].passed and results["full_prefill"].passed and refuses_chunks(KVCache, gqa_attention)
+result = results["ragged_rows_unchunked" if refused else "ragged_rows"]
 assert result.passed, result.message
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "test_padding", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false} kvkit={"criteria": ["padding"]}
+# A prefill of 4, 1 and 0 tokens in 4 slots, then a decode step that gives row 1 no token. (No chunk after
+# cached tokens: a cache may refuse chunked prefill, which only test_chunked_prefill charges.)
 with np.errstate(divide="raise", over="raise", invalid="raise"):
-    calls = history(3, [[4, 1, 0], [2, 0, 3]])
+    calls = history(3, [[4, 1, 0], [1, 0, 1]])
 for out, _, counts in calls:
     for b, n in enumerate(counts):
         assert np.isfinite(out[b]).all(), f"row {b} (tokens per row: {counts.tolist()}) has NaN or inf"
@@ -1081,6 +1104,10 @@ assert result.passed, result.message
 #
 # The cell after yours wraps your check in a pytest test, `test_check_against_reference`: handed in to
 # `kvkit grade`, this notebook's check is run as your own test, on your code and on each planted mistake.
+# The two graders judge it differently: `test_own_check` grades your check on the kit's reference
+# implementation, so a mistake in your code costs only its own cells; `kvkit grade` runs it on your code
+# first, and a check that fails there (even rightly, on a mistake of your code) earns its points only
+# once the code passes it.
 
 # %% nbgrader={"grade": false, "grade_id": "own_check", "locked": false, "schema_version": 3, "solution": true, "task": false} kvkit={"role": "own_tests"}
 def reference_attention(q, k, v, lens, n_new):

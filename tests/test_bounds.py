@@ -1,4 +1,4 @@
-"""Every bundled example stays on its side of each bound by the bound's margin (``grader/stages/bounds.py``).
+"""Every bundled example stays on its side of each bound by the bound's margin (``catalogue/rules.py``).
 
 ``margin_violations`` reads the figures a report carries (``report["figures"]``, by bound) beside the
 mistakes the example is expected to get: a figure whose mistake the example makes must reach the limit
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from grader.stages.bounds import BOUNDS
+from catalogue.rules import BOUNDS
 
 # The mistake each bound's figures name (call_held and task_held fail unnamed, but only a repeat reaches them).
 MISTAKE = {"repeat_per_head": "kv_repeat", "call_held": "kv_repeat", "task_held": "kv_repeat",

@@ -1,5 +1,6 @@
-"""The mistakes catalogue is one source of truth: every id has an example, a way it is shown, a criterion,
-and (where it shows in outputs) a planted mutant that the grader's checks name."""
+"""The mistakes catalogue is one source of truth: it holds the spec's mistakes, and each planted mutant and
+example behaves as its entry says. That the catalogue's ids, fields, mutants and examples agree with the code
+that reads them is ``kvkit check-kit``'s (grader/batch/check_kit.py; tests/test_check_kit.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,7 +11,6 @@ import numpy as np
 import pytest
 
 from catalogue import mutants
-from grader.stages import rubric as grader_rubric
 from grader.inprocess.checks import check, check_all
 from solutions import kv_cache as ref
 
@@ -23,8 +23,7 @@ SPEC_IDS = ["concat_growth", "kv_repeat", "modulo_head_mapping", "chunk_local_ma
             "ragged_keys_unmasked", "nan_padding", "length_before_write", "missing_scale", "max_len_scan"]
 # Patterns real code shows that the spec's list lacks (recovered structure names them).
 KIT_IDS = ["future_keys_visible", "misplaced_writes", "div_kv_heads_mapping"]
-SHOWN_BY = ("structure", "reproduction", "memory", "time", "overflow", "padding")
-# The in-process checks are named by the criterion ids they decide (grader.stages.criteria.REGISTRY).
+# The in-process checks are named by the criterion ids they decide (grader.stages.registry.REGISTRY).
 CHECKED = ("preallocated_in_place", "overflow_atomic", "head_mapping", "decode", "full_prefill",
            "chunked_prefill", "ragged_rows", "padding")
 
@@ -37,20 +36,8 @@ def load_example(name):
     return module
 
 
-def test_every_spec_mistake_is_catalogued_with_an_example():
+def test_every_spec_mistake_is_catalogued():
     assert sorted(MISTAKES) == sorted(SPEC_IDS + KIT_IDS)
-    rubric = grader_rubric.load()
-    assert set(rubric.weak_mistakes) <= set(MISTAKES)
-    for mid, entry in MISTAKES.items():
-        assert entry["shown_by"] in SHOWN_BY, mid
-        assert entry["criterion"] in rubric.criteria, mid
-        assert entry["question"] and entry["answer"], mid
-        assert os.path.isfile(os.path.join(ROOT, "catalogue", "examples", entry["example"], "kv_cache.py")), mid
-        assert mid in EXPECTED[entry["example"]]["mistakes"], mid
-
-
-def test_planted_list_matches_the_catalogue():
-    assert sorted(mutants.PLANTED) == sorted(m for m, e in MISTAKES.items() if e["mutant"])
 
 
 @pytest.mark.parametrize("mistake", mutants.PLANTED)
@@ -95,19 +82,3 @@ def test_each_example_behaves_as_its_entry_says(example):
         elif name in ("decode", "full_prefill", "head_mapping", "preallocated_in_place", "overflow_atomic", "padding") \
                 or not mistakes:
             assert result.passed, f"{example}: {name} should pass: {result.message}"
-
-
-def test_every_place_that_lists_mistake_ids_takes_them_from_the_catalogue():
-    """The report schema's enum, the rubric's weak mistakes, the planted mutants and the structure
-    patterns name only catalogue ids (mistakes.toml is where a mistake is defined)."""
-    import json
-
-    from catalogue import structure
-
-    with open(os.path.join(ROOT, "docs", "report.schema.json")) as f:
-        schema = json.load(f)
-    assert schema["properties"]["mistakes"]["items"]["enum"] == list(MISTAKES)
-    assert set(grader_rubric.load().weak_mistakes) <= set(MISTAKES)
-    assert set(mutants.PLANTED) | set(mutants.VARIANTS) <= set(MISTAKES)
-    patterns = set(structure.MASKS) | set(structure.HEAD_MAPS) | set(structure.LAYOUTS)
-    assert {structure.mistake_of(p) for p in patterns} - {"right"} <= set(MISTAKES)

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from catalogue import mutants, structure
-from grader.stages import compare, diagnose, grade, own_tests as owntests, suite
+from grader.stages import compare, criteria as criteria_mod, diagnose, grade, own_tests as owntests, registry, suite
 from grader.stages.compare import Comparison, StepVerdict
+from grader.stages.evidence import Evidence
 from solutions import kv_cache as ref
 from test_diagnose import example, recovered, run
 from test_owntests import _all, _session
@@ -32,10 +33,15 @@ def _trials():
 def _graded(name: str):
     """``(criteria, named)`` of an example's outputs on the hidden trials, decided as ``kvkit grade`` does."""
     comparison, outputs = run(*example(name), _trials())
-    crits = grade._correctness_criteria(comparison, outputs)
-    named, _ = grade._name_mistakes(crits, comparison, outputs)
-    crits["overflow_atomic"] = grade.criteria_mod.overflow_from_trials(comparison, outputs)
+    crits = _correctness(comparison, outputs)
+    named, _ = diagnose.name_mistakes(crits, comparison, outputs)
+    crits["overflow_atomic"] = criteria_mod.overflow_from_trials(comparison, outputs)
     return crits, named
+
+
+def _correctness(comparison, outputs) -> dict:
+    """The criteria decided from outputs, by the registry."""
+    return registry.decide_all(Evidence(comparison=comparison, outputs=outputs), ids=registry.CORRECTNESS)
 
 
 # ---------------------------------------------------------------- uniform rows decide chunked prefill
@@ -101,14 +107,14 @@ def test_ragged_rows_are_judged_on_the_calls_a_refusal_does_not_touch():
              _verdict(trial, 2, "chunked_prefill", "raised", True),
              _verdict(trial, 3, "ragged", "raised", True),  # a ragged chunk after cached tokens, refused
              _verdict(trial, 4, "ragged", "ok", False)]     # a ragged decode, answered right
-    crits = grade._correctness_criteria(Comparison(steps), {})
+    crits = _correctness(Comparison(steps), {})
     assert crits["chunked_prefill"].status == "not_attempted"
     assert "charged here only" in crits["chunked_prefill"].evidence
     assert crits["ragged_rows"].status == "pass", crits["ragged_rows"].evidence
     assert "charged to chunked prefill alone" in crits["ragged_rows"].evidence
     # Without a refusal (a chunk answered wrong), the ragged chunks count as ever.
     steps[2].status, steps[2].error = "wrong", None
-    crits = grade._correctness_criteria(Comparison(steps), {})
+    crits = _correctness(Comparison(steps), {})
     assert crits["chunked_prefill"].status == "fail" and crits["ragged_rows"].status == "fail"
 
 
@@ -122,11 +128,11 @@ def test_a_refusal_keyed_on_the_calls_width_is_charged_once_too():
              _verdict(trial, 3, "ragged", "raised", False),  # T = 2, n_new = [1, 0] onto cached rows: refused
              _verdict(trial, 4, "ragged", "ok", False)]
     steps[3].wide_after_prefix = True
-    crits = grade._correctness_criteria(Comparison(steps), {})
+    crits = _correctness(Comparison(steps), {})
     assert crits["chunked_prefill"].status == "not_attempted" and crits["ragged_rows"].status == "pass", \
         crits["ragged_rows"].evidence
     steps[3].status, steps[3].error = "wrong", None
-    assert grade._correctness_criteria(Comparison(steps), {})["ragged_rows"].status == "fail"
+    assert _correctness(Comparison(steps), {})["ragged_rows"].status == "fail"
 
 
 @pytest.mark.parametrize("name", ["hire_refuses_chunks", "refuses_chunks_with_port"])

@@ -81,7 +81,7 @@ def test_variant_example_gets_its_tier_and_exactly_its_mistakes(variant_reports,
 
 
 def test_every_figure_stays_on_its_side_by_its_margin(example_reports):
-    """The core examples' figures, each on its side of its bound by the bound's margin (grader/stages/bounds.py)."""
+    """The core examples' figures, each on its side of its bound by the bound's margin (catalogue/rules.py, BOUNDS)."""
     reports, _, _ = example_reports
     close = {}
     for name, report in reports.items():

@@ -403,7 +403,13 @@ def test_the_class_notebooks_released_helpers_are_provided_in_the_sandbox(tmp_pa
     from grader.stages.layout import provide_helpers
 
     written = provide_helpers(str(tmp_path), ["from kv_helpers.mutants import plant\n"])
-    assert written == ["kv_helpers/mutants.py"]
+    assert written == ["kv_helpers/mutants.py", "kv_helpers/rules.py"]  # the planted masks are the mask rule's
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, '.'); import kv_helpers.mutants as m; print(len(m.PLANTED))"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0 and int(done.stdout) > 0, done.stderr[-500:]
     assert (tmp_path / "kv_helpers" / "__init__.py").exists()
     assert "def plant" in (tmp_path / "kv_helpers" / "mutants.py").read_text()
     assert provide_helpers(str(tmp_path / "other"), ["import numpy\n"]) == []

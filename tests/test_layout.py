@@ -12,7 +12,7 @@ import os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("kvkit", "grader", "catalogue", "solutions", "benchmarks")
+PACKAGES = ("kvkit", "grader", "catalogue", "solutions", "benchmarks", "exercises")
 
 # Each unit, and the units it may import (directly); anything else is an arrow pointing up or sideways.
 ALLOWED = {
@@ -22,13 +22,14 @@ ALLOWED = {
                    "grader.shipped", "solutions", "catalogue"},
     "grader.batch": {"grader", "grader.stages", "grader.sandbox", "grader.shipped", "catalogue"},
     "grader.stages": {"grader", "grader.sandbox", "grader.child", "grader.shipped", "catalogue", "solutions"},
-    "grader.inprocess": {"grader", "grader.stages", "grader.child", "catalogue"},
+    "grader.inprocess": {"grader", "grader.stages", "grader.child", "catalogue", "exercises"},  # the op recorder
     "grader.sandbox": {"grader.child"},
     "grader.shipped": {"grader", "solutions", "catalogue"},
     "grader.child": set(),
     "grader": set(),
     "catalogue": set(),
     "solutions": set(),
+    "exercises": {"catalogue"},  # the learner's files: their tests read the planted mutants
 }
 
 

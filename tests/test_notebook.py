@@ -3,7 +3,7 @@
 The source is ``notebooks/kv_cache.pct.py``, a jupytext percent-format file with
 nbgrader's metadata (and the kit's ``kvkit`` marker) in each cell header; the
 ``.ipynb`` nbgrader reads is made from it by jupytext. The fast tests read both
-as data: the pair is in sync, the answer cells hold the code of solutions/, every
+as data (that the pair is in sync is ``kvkit check-kit``'s): the answer cells hold the code of solutions/, every
 graded cell names rubric criteria and is worth their points, the sections follow
 exercises/steps.toml.
 
@@ -38,12 +38,10 @@ from grader.stages import rubric as rubric_mod
 ROOT = Path(__file__).resolve().parents[1]
 COURSE = ROOT / "notebooks"
 ASSIGNMENT = NOTEBOOK = "kv_cache"
-TEXT = COURSE / "kv_cache.pct.py"
 SOURCE = COURSE / "source" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
-REBUILD = ".venv/bin/jupytext --update --to ipynb -o notebooks/source/kv_cache/kv_cache.ipynb notebooks/kv_cache.pct.py"
 # What nbgrader releases beside the notebook (every other file of source/kv_cache/): the student's environment.
 # The helpers are links to the kit's own files, so the released copies are never stale.
-HELPERS = {"kv_helpers/mutants.py": ROOT / "catalogue" / "mutants.py",
+HELPERS = {"kv_helpers/mutants.py": ROOT / "catalogue" / "mutants.py", "kv_helpers/rules.py": ROOT / "catalogue" / "rules.py",
            "kv_helpers/opwatch.py": ROOT / "exercises" / "tests" / "opwatch.py"}
 RELEASED = {f"{NOTEBOOK}.ipynb", "requirements.txt", "kv_helpers/__init__.py", *HELPERS}
 
@@ -97,13 +95,11 @@ def _graded(nb) -> dict:
 # ------------------------------------------------------------ the text source and the .ipynb
 
 
-def test_the_ipynb_is_what_jupytext_makes_of_the_text_file():
-    import jupytext
+# That the .ipynb is what jupytext makes of the text file is ``kvkit check-kit``'s (grader/batch/check_kit.py
+# ``check_notebook``; tests/test_check_kit.py).
 
-    made, committed = jupytext.read(TEXT), _notebook()
-    cells = lambda nb: [(c.cell_type, c.source, dict(c.metadata)) for c in nb.cells]  # noqa: E731
-    assert cells(made) == cells(committed), f"{SOURCE.relative_to(ROOT)} is stale: run {REBUILD}"
-    assert made.metadata.kernelspec == committed.metadata.kernelspec
+
+def test_the_source_folder_holds_only_the_notebook_and_the_students_environment():
     # nbgrader copies every other file of source/kv_cache/ into the student version (but what it ignores:
     # checkpoints, caches): the text, with its solutions and hidden tests, must live outside it, and only
     # the student's environment lies beside the notebook.
@@ -447,7 +443,9 @@ def test_nbgrader_generate_and_autograde(tmp_path):
     failed = {cell for cell, _, _ in _errors(course_dir, "blank")}
     assert set(points) <= failed, "every graded cell of the blank notebook must fail, not be skipped"
 
-    assert _scores(course_dir, "chunk_local") == {**full, "test_chunked_prefill": (0.0, full["test_chunked_prefill"][1])}
+    # Chunked prefill, and the ragged rows judged on every ragged step as kvkit grade judges them.
+    assert _scores(course_dir, "chunk_local") == {**full, "test_chunked_prefill": (0.0, full["test_chunked_prefill"][1]),
+                                                  "test_ragged_rows": (0.0, full["test_ragged_rows"][1])}
     assert _scores(course_dir, "nan_padding") == {**full, "test_padding": (0.0, full["test_padding"][1])}
     # A repeat loses the repeat's points alone, as kvkit grade fails no_kv_repeat alone.
     assert _scores(course_dir, "kv_repeat") == {**full, "test_no_kv_repeat": (0.0, full["test_no_kv_repeat"][1])}

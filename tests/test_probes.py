@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from grader.stages import bounds, criteria, jobs, probes
+from catalogue import rules as bounds
+from grader.stages import criteria, jobs, probes
 from grader.sandbox.launch import TaskResult
 
 MIB = 2**20
@@ -290,4 +291,4 @@ def test_the_copy_unit_is_a_copy_from_main_memory_whatever_the_probes_size():
 
     small, large = run.copy_seconds(4 * MIB), run.copy_seconds(64 * MIB)
     assert small > 0 and large == pytest.approx(16 * small)
-    assert run.COPY_SAMPLE >= 128 * MIB  # beyond the last-level caches (32 MiB on the CI machine's EPYC)
+    assert run.COPY_SAMPLE >= 64 * MIB  # twice the last-level cache (32 MiB on the CI machine's EPYC)

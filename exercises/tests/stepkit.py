@@ -627,13 +627,17 @@ def run_no_repeat_numpy(be, label: str):
         finally:
             if not was_tracing:
                 tracemalloc.stop()
+    rules = catalogue_module("rules")
+    if rules is None:
+        fail("the kit's catalogue/rules.py is not next to the exercises; this check reads its memory limit there.")
     live_k = B * Hkv * S * d * 4
-    limit = live_k * G // 2
+    # The grader's kv_repeat bound, in bytes: the table counts live K and V together, this message live K.
+    limit = rules.repeat_peak_limit(G) * 2 * live_k
     if peak >= limit:
         fail(f"{setup}: gqa_attention allocated {peak / 1024:,.0f} KiB at its peak, {peak / live_k:.1f} times the "
              f"live K ({live_k / 1024:,.0f} KiB). Copying K (and V) out to all {Hq} query heads costs {G} times it; "
-             f"the limit here is {G // 2} times. Each KV head must serve its {G} query heads without being "
-             f"copied (kv_repeat).")
+             f"the limit here is {limit / live_k:g} times. Each KV head must serve its {G} query heads without "
+             f"being copied (kv_repeat).")
 
 
 def run_bad_attention(be, label: str):
@@ -695,7 +699,12 @@ def decode_window(o):
 
 
 def explain_window(got, pos, t, L, n, T, S) -> str:
-    """Name the mistake (if a known one) behind a query that saw keys ``got`` instead of ``0..pos``."""
+    """Name the mistake (if a known one) behind a query that saw keys ``got`` instead of ``0..pos``.
+
+    ``got`` is what ``decode_window`` read; ``L`` the row's length after the call, ``n`` its new tokens,
+    ``T`` the call's slots, ``S`` the longest row's length. A mistake is named when the keys seen are the
+    window the catalogue's mask rule gives it (``catalogue/rules.py``, ``MASKS``); "" when nothing is known.
+    """
     if got == "none":
         if pos >= 0:
             return "it saw no key at all (its output is all zeros), but every real query sees at least itself."
@@ -705,25 +714,35 @@ def explain_window(got, pos, t, L, n, T, S) -> str:
     lo, hi = got
     if lo != 0:
         return f"keys before {lo} were left out."
-    if hi == t and pos != t:
+    rules = catalogue_module("rules")
+    if rules is None:  # the exercises copied away from the kit's catalogue: nothing to name a window by
+        return ""
+    right = rules.seen_window("right", L, n, t, T, S)
+
+    def shows(pattern: str) -> bool:
+        """The keys seen (0..hi) are the window of ``pattern``, and it is not the right one there."""
+        window = rules.seen_window(pattern, L, n, t, T, S)
+        return window == (0, hi + 1) and window != right
+
+    if shows("chunk_local_mask/at_decode_too"):
         return ("the mask is aligned to the chunk, not to the cache end (chunk_local_mask)." if T > 1 else
                 "the mask is aligned to the top left, as if the decode query were the first token (is_causal=True "
                 "does that when T != S): it sees keys 0..t of the call, not 0..its position (chunk_local_mask).")
     if L < S and hi > pos:
         past = f"keys past the row's length lens={L} were attended" if hi >= L else "it sees keys after its own position"
-        if hi == S - n + t:
+        if shows("ragged_keys_unmasked"):
             return (f"{past}: its position was counted from the longest row's length S={S} instead of this row's "
                     f"own lens={L} (ragged_keys_unmasked).")
-        if hi == S - T + t:
+        if shows("ragged_keys_unmasked/batch_mask"):
             return (f"{past}: one mask was built for the whole batch from the longest row (S={S}) instead of one "
                     f"per row (ragged_keys_unmasked).")
         if hi >= L:
             return f"{past} (ragged_keys_unmasked)."
     if hi >= L:
         return f"keys at or past the row's length lens={L} were attended."
-    if hi == pos + 1:
+    if shows("off_by_one_mask"):
         return "it sees one key too many, the one after its own position (off_by_one_mask)."
-    if hi == pos - 1:
+    if shows("off_by_one_mask/too_few"):
         return "it sees one key too few: not its own (off_by_one_mask)."
     if hi > pos:
         return "it sees keys after its own position: the causal mask is missing or misplaced."
@@ -811,28 +830,48 @@ def run_windows(be, label: str, Hkv: int, G: int, calls, d: int = 4, max_len: in
     return cache
 
 
-def mask_picture(got, b: int, h: int, start: int, n: int, live: int) -> str:
-    """Every query of row ``b``, head ``h`` in this call: the keys it saw beside the keys it should see,
-    drawn by the catalogue's ``structure.grid`` (``#`` seen, ``.`` not); "" when the catalogue is absent."""
+def catalogue_module(name: str):
+    """The kit's ``catalogue/<name>.py`` (``rules``, ``structure``), loaded by path as ``_kvkit_<name>``;
+    None when it cannot be found.
+
+    Looked for in the starter bundle's ``catalogue/`` (beside ``tests/``), in the kit's ``catalogue/``
+    beside the exercises directory, then as the installed kit's ``catalogue.<name>``. Loaded by path, not
+    imported, so that the bundle needs no package on ``sys.path``; ``structure.py`` finds ``rules.py``
+    beside it under the same name.
+    """
     import importlib.util
     from pathlib import Path
 
+    key = f"_kvkit_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
     here = Path(__file__).resolve().parent.parent  # the exercises (or the starter bundle's) folder
-    path = next((p for p in (here / "catalogue" / "structure.py", here.parent / "catalogue" / "structure.py")
+    path = next((p for p in (here / "catalogue" / f"{name}.py", here.parent / "catalogue" / f"{name}.py")
                  if p.is_file()), None)
     if path is None:  # the installed kit's
         try:
-            spec = importlib.util.find_spec("catalogue.structure")
+            spec = importlib.util.find_spec(f"catalogue.{name}")
         except (ImportError, ValueError):
             spec = None
         path = Path(spec.origin) if spec is not None and spec.origin else None
     if path is None:
+        return None
+    found = importlib.util.spec_from_file_location(key, path)
+    sys.modules[key] = importlib.util.module_from_spec(found)  # registered first: its dataclasses look it up there
+    try:
+        found.loader.exec_module(sys.modules[key])
+    except BaseException:
+        del sys.modules[key]
+        raise
+    return sys.modules[key]
+
+
+def mask_picture(got, b: int, h: int, start: int, n: int, live: int) -> str:
+    """Every query of row ``b``, head ``h`` in this call: the keys it saw beside the keys it should see,
+    drawn by the catalogue's ``structure.grid`` (``#`` seen, ``.`` not); "" when the catalogue is absent."""
+    structure = catalogue_module("structure")
+    if structure is None:
         return ""
-    if "_kvkit_structure" not in sys.modules:  # registered first: its dataclass looks itself up there
-        found = importlib.util.spec_from_file_location("_kvkit_structure", path)
-        sys.modules["_kvkit_structure"] = importlib.util.module_from_spec(found)
-        found.loader.exec_module(sys.modules["_kvkit_structure"])
-    structure = sys.modules["_kvkit_structure"]
     yours = []
     for t in range(n):
         seen = decode_window(got[b, h, t])

@@ -22,8 +22,9 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from grader import KIT_ROOT
 from grader.sandbox import reaper
 from grader.stages import report as report_mod
-from grader.stages.grade import FULL_TRIALS, SCHEMA, Options, grade, prepare_inputs
+from grader.stages.grade import FULL_TRIALS, Options, grade_report, prepare_inputs
 from grader.stages.rubric import AUDIENCES, RubricError, load as load_rubric
+from grader.stages.verdicts import TIERS, ReportStatus
 from grader.stages.layout import name_of
 
 EXAMPLES = os.path.join(KIT_ROOT, "catalogue", "examples")
@@ -96,20 +97,23 @@ def _is_class(path: str) -> bool:
     return any(n.endswith((".py", ".zip")) or os.path.isdir(os.path.join(path, n)) for n in names)
 
 
-def _grade_one(path: str, options: Options) -> dict:
-    """Grade one submission; a grader failure on hostile input becomes that submission's report, never the batch's end."""
+def _grade_one(path: str, options: Options) -> report_mod.Report:
+    """Grade one submission; a grader failure on hostile input becomes that submission's report (a grader
+    error), never the batch's end. So does a report the kit could not write (``ReportError``): it is checked
+    against the schema here, in the worker, before the batch takes it."""
     import time
     import traceback
 
     started = time.monotonic()
     try:
-        return grade(path, options)
+        report = grade_report(path, options)
+        report.to_dict()  # checked now: a report that cannot be written is this submission's grader error
+        return report
     except Exception as exc:  # noqa: BLE001
-        from grader.stages.grade import _error_report
-
-        report = _error_report(name_of(path), options, f"the grader failed on this submission ({type(exc).__name__}: "
-                               f"{str(exc)[:200]})", started, status="grader_error")
-        report["grader_trace"] = traceback.format_exc()[-1500:]
+        report = report_mod.Report.crashed(name_of(path), options.seed, options.rubric,
+                                           f"the grader failed on this submission ({type(exc).__name__}: "
+                                           f"{str(exc)[:200]})", started)
+        report.grader_trace = traceback.format_exc()[-1500:]
         return report
 
 
@@ -124,20 +128,14 @@ def finished_reports(paths: list[str], out_dir: str, changed: list | None = None
     from those its report graded (``hand_back_sha256``: a student handed in
     again), which ``changed``, when given, lists.
     """
-    import json
-
     from grader.stages.layout import hand_back_sha256
 
     done = {}
     names = names or batch_names(paths)
     files = report_files(paths, names)
     for path in paths:
-        try:
-            with open(os.path.join(out_dir, files[path])) as f:
-                previous = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if not (isinstance(previous, dict) and previous.get("schema") == SCHEMA and previous.get("status") == "graded"):
+        previous = report_mod.read_report(os.path.join(out_dir, files[path]))  # None: unreadable, cut short, foreign
+        if previous is None or previous.get("status") != ReportStatus.GRADED:
             continue
         if previous.get("submission") != names[path]:  # another hand-back's (the batch's names moved since)
             continue
@@ -154,8 +152,6 @@ def finished_reports(paths: list[str], out_dir: str, changed: list | None = None
 def _well_formed(report: dict) -> bool:
     """Whether a kept report has the fields the summaries read, of their types: a tier of the rubric, a
     number for its score, criteria each with a text id and status, lists of mistake ids."""
-    from grader.stages.rubric import TIERS
-
     texts = lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)  # noqa: E731
     criteria = report.get("criteria")
     return (report.get("tier") in TIERS and isinstance(report.get("score"), (int, float))
@@ -302,10 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     files = report_files(paths, names)
     unwritten: list = []
 
-    def finished(path, rep):
-        reports[path] = rep
-        rep["submission"] = names[path]  # its folder too, where another hand-back has its name
-        rep["audience"] = args.audience  # what a --resume of this batch takes up
+    def finished(path, report: report_mod.Report):
+        report.submission = names[path]  # its folder too, where another hand-back has its name
+        report.audience = args.audience  # what a --resume of this batch takes up
+        rep = reports[path] = report.to_dict()  # the report's one serialisation: every file and view reads it
         if args.out:  # written before anything is printed: a rendering failure loses nothing
             try:
                 report_mod.write_json_atomic(os.path.join(args.out, files[path]), rep)
@@ -380,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         report_mod.write_markdown(args.markdown, ordered, rubric, args.audience)
     if args.gradescope:
-        report_mod.write_json_atomic(args.gradescope, report_mod.gradescope(ordered[0], rubric, args.audience))
+        results = report_mod.gradescope(ordered[0], rubric, args.audience)
+        report_mod.check_gradescope(results)
+        report_mod.write_json_atomic(args.gradescope, results)
     if args.out:
         from grader.batch import summary
 

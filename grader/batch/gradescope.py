@@ -12,8 +12,9 @@ which grades ``/autograder/submission`` and writes
   never sees a bare crash;
 * ``kvkit_autograder.json``: the grading options chosen when the bundle was
   built (timeout, trials, isolation, seed, rubric, allow_no_isolation);
-* the kit's packages that grading needs (``kvkit``, ``grader``, ``catalogue``) and
-  ``pyproject.toml``, and the figures computed where the kit is
+* the kit's packages that grading needs (``kvkit``, ``grader``, ``catalogue``),
+  ``pyproject.toml`` and ``docs/report.schema.json`` (each report is checked
+  against it as it is written), and the figures computed where the kit is
   (``grader/bundle_costs.json``, ``grader/bundle_fingerprints.json``). No
   reference solution (``solutions/``: the parent plants mistakes around its own
   oracle, ``grader/stages/oracle.py``) and no interviewer text (no ``interview.toml``,
@@ -56,7 +57,7 @@ INTERVIEW_FIELDS = ("question", "answer")
 COSTS = "grader/bundle_costs.json"  # read by grader.stages.costs.figures
 STAFF_ONLY = "NO ISOLATION"
 FINGERPRINTS = "grader/bundle_fingerprints.json"  # read by grader.stages.layout.set_aside_bundle
-TOP_FILES = ("pyproject.toml",)
+TOP_FILES = ("pyproject.toml", "docs/report.schema.json")  # the schema: every report is checked as it is written
 CONFIG = "kvkit_autograder.json"
 SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ipynb_checkpoints", "examples"}
 SKIP_SUFFIXES = (".pyc", ".pyo", ".DS_Store")
@@ -207,7 +208,7 @@ def bundle_files() -> list[tuple[str, str]]:
     return files
 
 
-GRADING_PACKAGES = ("numpy", "torch", "pytest", "rich", "nbformat")
+GRADING_PACKAGES = ("numpy", "torch", "pytest", "rich", "nbformat", "jsonschema")
 
 
 def grading_requirements() -> str:
@@ -373,7 +374,7 @@ def autograde(root: str) -> int:
             results = _failure("No submission found: upload kv_cache.py (with cost.py, kv_cache_torch.py and "
                                "test_*.py if you have them), or a notebook.")
         else:
-            from grader.stages.grade import Options, grade
+            from grader.stages.grade import Options, grade_report
             from grader.stages.rubric import load as load_rubric
 
             rubric = config.get("rubric")
@@ -384,8 +385,9 @@ def autograde(root: str) -> int:
                 options.seed = int(config["seed"])
             if options.isolation.warning:
                 print(f"warning: {options.isolation.warning}", file=sys.stderr)
-            report = grade(submission, options)
-            results = report_mod.gradescope(report, options.rubric, "class")
+            graded = grade_report(submission, options)
+            results = graded.to_gradescope(options.rubric, "class")
+            report = graded.to_dict()
             results["extra_data"] = {"tier": report["tier"], "seed": report["seed"], "mistakes": report["mistakes"],
                                      "isolation": report["isolation"]}
             report_mod.print_report(report, rubric=options.rubric, audience="class")

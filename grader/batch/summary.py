@@ -27,15 +27,16 @@ from collections import Counter
 from grader.stages.inert import clean, csv_cell, md
 from grader.stages.report import LABEL, STATUS_LABEL, criterion_label, merged_score, mistake_sections, status_of, \
     write_text_atomic
-from grader.stages.rubric import TIERS as RUBRIC_TIERS
 from grader.stages.suite import FULL_TRIALS
+from grader.stages.verdicts import ReportStatus, Status, Tier
 
-TIERS = list(reversed(RUBRIC_TIERS))  # best first
+TIERS = list(reversed(Tier))  # best first
+GRADED, NOT_GRADED, GRADER_ERROR = ReportStatus.GRADED, ReportStatus.NOT_GRADED, ReportStatus.GRADER_ERROR
 
 
 def graded(reports: list[dict]) -> list[dict]:
     """The reports with a verdict: every count and rate of a class is over these alone."""
-    return [r for r in reports if status_of(r) == "graded"]
+    return [r for r in reports if status_of(r) == GRADED]
 
 
 def status_counts(reports: list[dict]) -> Counter:
@@ -49,13 +50,13 @@ def rates(reports: list[dict]) -> list[tuple[str, str, int, int]]:
     An optional section left out (``counted`` false in the report) counts neither as passed nor in the
     total; a required one not attempted (no cost.py, no own tests) counts as not passed.
     """
-    return [(cid, title, counts["pass"], total - counts["left_out"])
+    return [(cid, title, counts[Status.PASS], total - counts["left_out"])
             for cid, title, counts, total in _criterion_counts(reports)]
 
 
 def _criterion_counts(reports: list[dict]) -> list[tuple[str, str, Counter, int]]:
     order, titles, statuses, graded = [], {}, {}, Counter()
-    for r in [r for r in reports if status_of(r) == "graded"]:
+    for r in [r for r in reports if status_of(r) == GRADED]:
         for c in r.get("criteria", []):
             cid = c["id"]
             if cid not in titles:
@@ -64,7 +65,7 @@ def _criterion_counts(reports: list[dict]) -> list[tuple[str, str, Counter, int]
                 statuses[cid] = Counter()
             graded[cid] += 1
             statuses[cid][c.get("status")] += 1
-            if not c.get("counted", True) or ("counted" not in c and c.get("status") == "not_attempted"
+            if not c.get("counted", True) or ("counted" not in c and c.get("status") == Status.NOT_ATTEMPTED
                                               and c.get("tier") == "none"):
                 statuses[cid]["left_out"] += 1  # an optional section not attempted, or one no figure can judge
     return [(cid, titles[cid], statuses[cid], graded[cid]) for cid in order]
@@ -97,12 +98,12 @@ def markdown(reports: list[dict], elapsed_s: float | None = None, rubric=None, a
     hand-backs not graded with what to fix; every text of a submission's through :func:`grader.stages.inert.md`."""
     n = len(reports)
     statuses = status_counts(reports)
-    n_graded = statuses.get("graded", 0)
+    n_graded = statuses.get(GRADED, 0)
     counts = tier_counts(reports)
     label = _label(rubric, audience)
     lines = [f"# Batch summary: {n} submissions", "",
-             f"{n_graded} {STATUS_LABEL['graded']}, {statuses.get('not_graded', 0)} {STATUS_LABEL['not_graded']}, "
-             f"{statuses.get('grader_error', 0)} {STATUS_LABEL['grader_error']}s. Tiers and rates count graded "
+             f"{n_graded} {STATUS_LABEL[GRADED]}, {statuses.get(NOT_GRADED, 0)} {STATUS_LABEL[NOT_GRADED]}, "
+             f"{statuses.get(GRADER_ERROR, 0)} {STATUS_LABEL[GRADER_ERROR]}s. Tiers and rates count graded "
              "submissions only; a submission not graded scores 0 in grades.csv.", ""]
     if elapsed_s:
         lines += [f"Graded in {elapsed_s:.0f} s ({60 * n / elapsed_s:.1f} submissions per minute).", ""]
@@ -115,18 +116,19 @@ def markdown(reports: list[dict], elapsed_s: float | None = None, rubric=None, a
                   f"fewer than the {FULL_TRIALS} of a full one (`--trials`).", ""]
     lines += ["| tier | count | share |", "| --- | --- | --- |"]
     lines += [f"| {md(label(t))} | {counts.get(t, 0)} | {_rate(counts.get(t, 0), n_graded)} |" for t in TIERS]
-    lines += ["", f"| criterion | passed | rate | {LABEL['fail']} | {LABEL['not_attempted']} | {LABEL['error']} |",
+    lines += ["", f"| criterion | passed | rate | {LABEL[Status.FAIL]} | {LABEL[Status.NOT_ATTEMPTED]} | "
+                  f"{LABEL[Status.ERROR]} |",
               "| --- | --- | --- | --- | --- | --- |"]
     for _, title, status, total in _criterion_counts(reports):
         attempted = total - status["left_out"]
-        lines.append(f"| {md(title)} | {status['pass']}/{attempted} | {_rate(status['pass'], attempted)} | "
-                     f"{status['fail']} | {status['not_attempted']} | {status['error']} |")
+        lines.append(f"| {md(title)} | {status[Status.PASS]}/{attempted} | {_rate(status[Status.PASS], attempted)} | "
+                     f"{status[Status.FAIL]} | {status[Status.NOT_ATTEMPTED]} | {status[Status.ERROR]} |")
     mistakes = mistake_counts(reports)
     if mistakes:
         lines += ["", "| mistake | submissions | share |", "| --- | --- | --- |"]
         lines += [f"| `{m}` | {c} | {_rate(c, n_graded)} |"
                   for m, c in sorted(mistakes.items(), key=lambda kv: (-kv[1], kv[0]))]
-    for status, words in (("not_graded", "fix the hand-back; scored 0"), ("grader_error", "grade again; no score")):
+    for status, words in ((NOT_GRADED, "fix the hand-back; scored 0"), (GRADER_ERROR, "grade again; no score")):
         apart = [r for r in reports if status_of(r) == status]
         if apart:
             lines += ["", f"{STATUS_LABEL[status].capitalize()} ({len(apart)}, {words}):", ""]
@@ -143,14 +145,14 @@ def summary_csv(reports: list[dict], rubric=None, audience: str = "hiring") -> s
     out = io.StringIO()
     writer = _Writer(out)
     writer.writerow(["section", "id", "title", "count", "total", "rate"])
-    for status in ("graded", "not_graded", "grader_error"):
+    for status in ReportStatus:
         c = status_counts(reports).get(status, 0)
-        writer.writerow(["status", status, STATUS_LABEL[status], c, n, f"{c / n:.4f}" if n else ""])
+        writer.writerow(["status", status.value, STATUS_LABEL[status], c, n, f"{c / n:.4f}" if n else ""])
     n = len(graded(reports))
     counts = tier_counts(reports)
     label = _label(rubric, audience)
     for t in TIERS:  # a class's summary names its tiers in its own words, in the id column too
-        writer.writerow(["tier", t if audience == "hiring" else label(t), label(t), counts.get(t, 0), n,
+        writer.writerow(["tier", t.value if audience == "hiring" else label(t), label(t), counts.get(t, 0), n,
                          f"{counts.get(t, 0) / n:.4f}" if n else ""])
     for cid, title, passed, total in rates(reports):
         writer.writerow(["criterion", cid, title, passed, total, f"{passed / total:.4f}" if total else ""])
@@ -169,7 +171,7 @@ def csv_text(reports: list[dict], rubric=None, audience: str = "hiring") -> str:
     ids = [cid for cid, *_ in rates(reports)]
     writer.writerow(["submission", "status", "tier", "score", "max_score", "mistakes", "error"] + ids)
     for r in reports:
-        graded_ = status_of(r) == "graded"
+        graded_ = status_of(r) == GRADED
         states = {c["id"]: criterion_label(r, c) for c in r.get("criteria", [])} if graded_ else {}
         score = merged_score(r)
         writer.writerow([clean(r.get("submission"), 200), STATUS_LABEL[status_of(r)],
@@ -227,12 +229,12 @@ def print_summary(reports: list[dict], console, rubric=None, audience: str = "hi
         score = merged_score(r)
         table.add_row(Text(clean(r.get("submission"), 200)), Text(headline(r, rubric, audience)),
                       f"{score:g}" if score is not None else "-",  # as in grades.csv: a grader error has none
-                      Text(clean(_mistakes_cell(r)) or ("-" if status_of(r) == "graded" else _why(r))))
+                      Text(clean(_mistakes_cell(r)) or ("-" if status_of(r) == GRADED else _why(r))))
     console.print(table)
     counts, statuses = tier_counts(reports), status_counts(reports)
     console.print(Text("  ".join(f"{label(t)}: {counts.get(t, 0)}" for t in TIERS)
-                       + f"  |  {STATUS_LABEL['not_graded']}: {statuses.get('not_graded', 0)}, "
-                       f"{STATUS_LABEL['grader_error']}: {statuses.get('grader_error', 0)}"))
+                       + f"  |  {STATUS_LABEL[NOT_GRADED]}: {statuses.get(NOT_GRADED, 0)}, "
+                       f"{STATUS_LABEL[GRADER_ERROR]}: {statuses.get(GRADER_ERROR, 0)}"))
     ranked = sorted((row for row in rates(reports) if row[3]), key=lambda row: row[2] / row[3])[:3]
     if ranked:
         console.print(Text("lowest pass rates (of the graded; an optional section left out does not count): "

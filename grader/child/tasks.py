@@ -231,12 +231,13 @@ def probe_overflow(mod):
 
     outcomes = []
     rng = np.random.default_rng(2)
-    # Rows of one length, so every set-up call fits in every row's space left (a contract-abiding
-    # submission may refuse a call whose T is wider): the last row overflows, then the first.
-    for before, n_new in (([7, 7], [1, 2]), ([7, 7], [2, 1])):
+    # One token for each row after a ragged prefill into empty rows, so that no call is a chunk after cached
+    # tokens (a contract-abiding submission may refuse those, before or after its overflow check): the
+    # last row overflows, then the first, each after a row that fits.
+    for before, n_new in (([7, 8], [1, 1]), ([8, 7], [1, 1])):
         B, Hkv, max_len, d, T = 2, 1, 8, 4, max(n_new)
         cache = mod.KVCache(B, Hkv, max_len, d, dtype=np.float64)
-        chunk = rng.standard_normal((B, Hkv, before[0], d))
+        chunk = rng.standard_normal((B, Hkv, max(before), d))
         cache.append(chunk, chunk, np.asarray(before, dtype=np.int64))
         k_before, v_before = np.array(cache.k, copy=True), np.array(cache.v, copy=True)
         lens_before = np.asarray(cache.lens).tolist()

@@ -29,7 +29,7 @@ CORRECTNESS = {
     "chunked_prefill": ("chunked_prefill", "chunked prefill"),
     "ragged_rows": ("ragged", "ragged-row"),
 }
-# Each check is named by the criterion id it decides (grader.stages.criteria.REGISTRY), but two of the notebook's own.
+# Each check is named by the criterion id it decides (grader.stages.registry.REGISTRY), but two of the notebook's own.
 NAMES = (*CORRECTNESS, "ragged_rows_unchunked", "head_mapping", "padding", "preallocated_in_place", "overflow_atomic",
          "no_kv_repeat", "torch_ops")
 

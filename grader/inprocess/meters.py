@@ -3,20 +3,14 @@
 They run inside the process of the code they measure, so they can explain a
 finding (which op, how many bytes) but never decide a grade of untrusted code:
 the grader measures submissions from outside their process (``grader.stages.run``).
-Thresholds are the grader's (``grader.stages.bounds``).
+Thresholds are the grader's (``catalogue.rules.BOUNDS``).
 """
 from __future__ import annotations
 
-import os
-
 import tracemalloc
 
-from grader import KIT_ROOT
-from grader.stages.bounds import BOUNDS
+from catalogue.rules import BOUNDS, repeat_peak_limit
 from grader.stages.criteria import Criterion
-
-GROWTH_FRACTION = BOUNDS["growth_held"].limit  # of the live K/V one append may allocate: a copy is all of it
-REPEAT_FACTOR = BOUNDS["repeat_per_head"].limit  # of G x the live K/V a decode may allocate: a repeat is G
 
 
 def _error(cid: str, probe) -> Criterion:
@@ -93,19 +87,12 @@ def probe_repeat(mod, seed: int = 0):
 
 
 def op_watch():
-    """The kit's one op recorder, ``OpWatch`` of ``exercises/tests/opwatch.py`` (the learner's step 6 and the
-    starter bundle use the same file): a TorchDispatchMode that records every ATen op a block runs."""
-    import importlib.util
-    import sys
+    """The kit's one op recorder, ``OpWatch`` of ``exercises/tests/opwatch.py`` (the learner's step 6, the starter
+    bundle and the notebook's helpers use the same file): a TorchDispatchMode that records every ATen op a block
+    runs. Imported when first asked for, as it needs torch."""
+    from exercises.tests.opwatch import OpWatch
 
-    name = "_kvkit_opwatch"
-    if name not in sys.modules:
-        path = os.path.join(KIT_ROOT, "exercises", "tests",
-                            "opwatch.py")
-        found = importlib.util.spec_from_file_location(name, path)
-        sys.modules[name] = importlib.util.module_from_spec(found)
-        found.loader.exec_module(sys.modules[name])
-    return sys.modules[name].OpWatch
+    return OpWatch
 
 
 def probe_torch_ops(mod, torch):
@@ -144,7 +131,9 @@ def judge_in_place(probe, label: str = "append") -> Criterion:
     if not isinstance(probe, dict) or "error" in probe:
         return _error("preallocated_in_place", probe)
     allocs = probe.get("allocs") or []
-    grown = [a for a in allocs if a[1] >= GROWTH_FRACTION * a[2]]
+    # growth_held's fraction, taken here of the live K and V together (a copy of both per append is 1) where
+    # the table takes it of live K alone: tracemalloc sees one append's K and V allocations as one figure.
+    grown = [a for a in allocs if a[1] >= BOUNDS["growth_held"].limit * a[2]]
     figures = ", ".join(f"{a[1]:,} B at {a[0]:,} tokens" for a in allocs)
     if not probe.get("same_objects") or grown:
         why = "K/V buffers replaced by new objects" if not probe.get("same_objects") else \
@@ -160,7 +149,7 @@ def judge_repeat(probe) -> Criterion:
         return _error("no_kv_repeat", probe)
     peak, live, G = probe["peak_bytes"], probe["live_kv_bytes"], probe["G"]
     ratio = peak / live
-    if peak >= REPEAT_FACTOR * G * live:
+    if peak >= repeat_peak_limit(G) * live:  # live: K and V together, the table's unit
         return Criterion("no_kv_repeat", "fail", f"decode at G = {G} allocates {ratio:.1f}x the live K/V "
                          f"({peak:,} B against {live:,} B): K/V materialised per query head",
                          mistakes=["kv_repeat"])

@@ -9,10 +9,6 @@ mutants for step 7 (``catalogue/mutants.py`` and a public ``mistakes.toml``: the
 hold no answer). Nothing of ``solutions/``, ``grader/`` or the hidden trials
 goes in, and the build checks it: it refuses when a stub has been filled in
 or when any bundled file shares a non-trivial line with those directories.
-
-    kvkit starter ~/take-home            then: cd ~/take-home && python progress.py
-    kvkit starter ~/take-home --zip      also writes ~/take-home.zip
-    kvkit starter ~/gqa --hints          a learner's copy, hints included
 """
 from __future__ import annotations
 
@@ -29,7 +25,7 @@ EXERCISES = KIT / "exercises"
 # What goes in, relative to the exercises directory (tests/*.py are added to it).
 TOP_FILES = ["README.md", "kv_cache.py", "kv_cache_torch.py", "cost.py", "test_mine.py", "steps.toml", "pytest.ini"]
 STUBS = ["kv_cache.py", "kv_cache_torch.py", "cost.py", "test_mine.py"]
-CATALOGUE_FILES = ["mutants.py", "structure.py", "mistakes.toml"]
+CATALOGUE_FILES = ["mutants.py", "structure.py", "rules.py", "mistakes.toml"]
 # Never bundled, and checked against: no bundled file may share a non-trivial line with them.
 PRIVATE_DIRS = ["solutions", "grader"]
 BUNDLED_PACKAGES = ["numpy", "pytest", "rich", "torch"]

@@ -4,7 +4,7 @@ Every function here reads data the parent already holds (step verdicts from
 ``compare``, the kernel's figures of each probe's parts, taken between its
 marks by ``grader.sandbox.launch``) and decides one criterion. Nothing is
 guessed from source. The bounds are ratios, each defined once in
-``grader.stages.bounds``; how they were measured is docs/measurement.md.
+``catalogue.rules``; how they were measured is docs/measurement.md.
 """
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from grader.stages.bounds import BOUNDS, call_held_limit, task_held_limit
+from catalogue.rules import BOUNDS, call_held_limit, task_held_limit
 from grader.stages.compare import Comparison, StepVerdict, first_failure
+from grader.stages.verdicts import Status
 
 CHARGE_SLACK = 256 * 2**10  # bytes: the memory a cgroup is charged ahead of use (64 pages, MEMCG_CHARGE_BATCH)
 PROBE_TOLERANCE = 1e-4  # float32 probe outputs against the float64 computation
@@ -21,17 +22,17 @@ PROBE_TOLERANCE = 1e-4  # float32 probe outputs against the float64 computation
 
 @dataclass
 class Criterion:
-    """One rubric line: ``status`` is pass, fail, not_attempted or error."""
+    """One rubric line: ``status`` is a :class:`~grader.stages.verdicts.Status` (pass, fail, not_attempted or error)."""
 
     id: str
-    status: str
+    status: Status
     evidence: str
     mistakes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     caps: str = ""  # the port only: why it caps the tier though no mistake is named (it could not be measured)
     silent: bool = False  # some step returned a wrong output (rather than raising): silently wrong
     unjudgeable: bool = False  # error: the code ran and measured, but no figure can tell (not the port's fault)
-    figures: dict = field(default_factory=dict)  # the measured ratios it was judged by, by bound (grader.stages.bounds)
+    figures: dict = field(default_factory=dict)  # the measured ratios it was judged by, by bound (catalogue.rules.BOUNDS)
 
 
 def _where(step: StepVerdict) -> str:
@@ -57,21 +58,22 @@ def correctness(cid: str, steps: list[StepVerdict], what: str, refusable: list[S
     """
     steps = [s for s in steps if s.status != "not_run"]
     if not steps:
-        return Criterion(cid, "error", f"no {what} step was run")
+        return Criterion(cid, Status.ERROR, f"no {what} step was run")
     bad = first_failure(steps)
     if bad is None:
         worst = max(s.max_error for s in steps)
-        return Criterion(cid, "pass", f"{len(steps)} {what} steps match the direct reference (max error {worst:.1e})")
+        return Criterion(cid, Status.PASS,
+                         f"{len(steps)} {what} steps match the direct reference (max error {worst:.1e})")
     failing = [s for s in steps if s.status != "ok"]
     ran = [s for s in refusable or [] if s.status != "not_run"]
     if refusable is not None and ran and all(refused_clearly(s) for s in failing) and all(refused_clearly(s) for s in ran):
         # Charged once: the other checks are judged on the calls the refusal does not touch.
-        return Criterion(cid, "not_attempted",
+        return Criterion(cid, Status.NOT_ATTEMPTED,
                          f"{what} refused with a clear error, charged here only ({bad.error.get('type')}: "
                          f"{bad.error.get('message')}); the other checks are judged on the calls it does not touch")
     how = {"wrong": f"wrong output (max error {bad.max_error:.1e})", "raised": bad.detail,
            "bad_output": bad.detail, "not_run": bad.detail}[bad.status]
-    return Criterion(cid, "fail", f"{len(failing)} of {len(steps)} {what} steps fail; first: {_where(bad)}: {how}",
+    return Criterion(cid, Status.FAIL, f"{len(failing)} of {len(steps)} {what} steps fail; first: {_where(bad)}: {how}",
                      silent=any(s.status == "wrong" for s in failing))
 
 
@@ -101,10 +103,10 @@ def head_mapping(comparison: Comparison, outputs_by_trial: dict | None = None) -
     steps = comparison.in_trials("head-map-")
     result = correctness("head_mapping", steps, "single-token head-layout")
     layouts = "Hq/Hkv = " + ", ".join(f"{s.trial.Hq}/{s.trial.Hkv}" for s in steps)
-    if result.status == "pass":
+    if result.status == Status.PASS:
         result.evidence = f"one-token rows in layouts {layouts}: query head h returns v of KV head h // G"
         return result
-    if outputs_by_trial is None or result.status != "fail":
+    if outputs_by_trial is None or result.status != Status.FAIL:
         return result
     misread, unknown = [], []
     for s in steps:
@@ -122,7 +124,7 @@ def head_mapping(comparison: Comparison, outputs_by_trial: dict | None = None) -
         result.evidence = (f"query head {h} returns v of KV head {kv}, not {h} // G = {h // s.trial.G}, "
                            f"in {len({m[0].trial.name for m in misread})} layouts; first: {_where(s)}")
     elif unknown:
-        result = Criterion("head_mapping", "error",
+        result = Criterion("head_mapping", Status.ERROR,
                            f"could not be told: one-token rows return no KV head's value (first: "
                            f"{_where(unknown[0][0])}); the outputs are wrong for another reason")
     return result
@@ -132,14 +134,14 @@ def padding(comparison: Comparison) -> Criterion:
     """Padded slots and zero-token rows: finite required, exactly 0 asked for."""
     padded = [s for s in comparison.steps if s.padding != "none"]
     if not padded:
-        return Criterion("padding", "error", "no step with padded slots returned an output")
+        return Criterion("padding", Status.ERROR, "no step with padded slots returned an output")
     nonfinite = [s for s in padded if s.padding == "nonfinite"]
     if nonfinite:
         smallest = min(nonfinite, key=lambda s: (s.trial.size, s.index))
-        return Criterion("padding", "fail", f"{len(nonfinite)} of {len(padded)} steps with padded slots or "
+        return Criterion("padding", Status.FAIL, f"{len(nonfinite)} of {len(padded)} steps with padded slots or "
                          f"zero-token rows return NaN or inf there; smallest: {_where(smallest)}",
                          mistakes=["nan_padding"])
-    result = Criterion("padding", "pass", f"{len(padded)} steps with padded slots or zero-token rows: all finite")
+    result = Criterion("padding", Status.PASS, f"{len(padded)} steps with padded slots or zero-token rows: all finite")
     finite = [s for s in padded if s.padding == "finite"]
     if finite:
         result.notes.append(f"padded slots are finite but not exactly 0 in {len(finite)} steps "
@@ -290,14 +292,14 @@ def no_repeat(runs: list, check_output: bool = True, refused: bool = False) -> C
     by_name = {p.name: (p, t, b) for p, t, b in runs}
     pairs = [(by_name.get(p.twin_of), by_name[p.name]) for p, _, _ in runs if p.twin_of]
     if not pairs:
-        return Criterion(cid, "error", "no memory probe was planned")
+        return Criterion(cid, Status.ERROR, "no memory probe was planned")
     for run, twin_run in pairs:
         if run is None:
-            return Criterion(cid, "error", "a memory probe's twin at G = 1 has no layout beside it")
+            return Criterion(cid, Status.ERROR, "a memory probe's twin at G = 1 has no layout beside it")
         for probe, task, built in (run, twin_run):
             why = probe_failure(task, built, check_output, refused)
             if why:
-                return Criterion(cid, "error", f"the memory probe at {_layout(probe.config)}: {why}")
+                return Criterion(cid, Status.ERROR, f"the memory probe at {_layout(probe.config)}: {why}")
     per_head = BOUNDS["repeat_per_head"]
     figures, named, unheld = [], [], []
     worst = {"repeat_per_head": float("-inf"), "call_held": float("-inf"), "task_held": float("-inf")}
@@ -339,13 +341,13 @@ def no_repeat(runs: list, check_output: bool = True, refused: bool = False) -> C
     text = "; ".join(figures)
     measured = {k: round(v, 3) for k, v in worst.items() if v != float("-inf")}
     if named:
-        return Criterion(cid, "fail", f"{max(named)[1]} ({meter}): K/V materialised per query head. Each call's "
+        return Criterion(cid, Status.FAIL, f"{max(named)[1]} ({meter}): K/V materialised per query head. Each call's "
                          f"extra memory, in the K/V it reads: {text}", mistakes=["kv_repeat"], figures=measured)
     if unheld:
-        return Criterion(cid, "fail", f"{unheld[0]} ({meter}): memory per query head, or half of it at once, "
+        return Criterion(cid, Status.FAIL, f"{unheld[0]} ({meter}): memory per query head, or half of it at once, "
                          f"whatever the heads (a call that reads in place adds its scores and at most working "
                          f"copies of K and V). Each call's extra memory: {text}", figures=measured)
-    return Criterion(cid, "pass", f"decode and chunked prefill measured by {meter}, each call "
+    return Criterion(cid, Status.PASS, f"decode and chunked prefill measured by {meter}, each call "
                      f"against its twin at G = 1, in the K/V it reads: {text} (a repeat would add about G times)",
                      figures=measured)
 
@@ -364,13 +366,13 @@ def in_place(runs: list, explain: list | None = None, check_output: bool = True,
     """
     cid = "preallocated_in_place"
     if len(runs) != 1:
-        return Criterion(cid, "error", "the growth probe was not planned")
+        return Criterion(cid, Status.ERROR, "the growth probe was not planned")
     probe, task, built = runs[0]
     c = probe.config
     why = probe_failure(task, built, check_output)
     stopped = task is not None and task.stopped == "timeout" and len(task.points) > 2
     if why and not stopped:
-        return Criterion(cid, "error", f"the growth probe: {why}")
+        return Criterion(cid, Status.ERROR, f"the growth probe: {why}")
     per_token = probe.live_bytes / c["total"]
     # After the prefill's mark: the appends, `every` tokens a part (the last also the closing decode's token),
     # then that decode's attention (its own memory is the attention's, judged by the no-repeat criterion),
@@ -402,15 +404,15 @@ def in_place(runs: list, explain: list | None = None, check_output: bool = True,
                f"on every append is 1)" if cpu_figure is not None else ""))
     measured = {k: round(v, 3) for k, v in (("growth_held", held_figure), ("growth_cpu", cpu_figure)) if v is not None}
     if held_figure is None and cpu_figure is None:
-        return Criterion(cid, "error", text + ": no figure to judge by" + (f" ({why})" if why else ""))
+        return Criterion(cid, Status.ERROR, text + ": no figure to judge by" + (f" ({why})" if why else ""))
     if (held_figure is not None and BOUNDS["growth_held"].crossed(held_figure)) or \
             (cpu_figure is not None and BOUNDS["growth_cpu"].crossed(cpu_figure)):
         extra = "; ".join(explain or [])
-        return Criterion(cid, "fail", text + ": the cache is copied as it grows" + (f"; {extra}" if extra else ""),
+        return Criterion(cid, Status.FAIL, text + ": the cache is copied as it grows" + (f"; {extra}" if extra else ""),
                          mistakes=["concat_growth"], figures=measured)
     if stopped:
-        return Criterion(cid, "error", f"the growth probe: {why}")
-    return Criterion(cid, "pass", text, figures=measured)
+        return Criterion(cid, Status.ERROR, f"the growth probe: {why}")
+    return Criterion(cid, Status.PASS, text, figures=measured)
 
 
 def overflow(probe) -> Criterion:
@@ -426,18 +428,20 @@ def overflow(probe) -> Criterion:
         raised = o.get("raised")
         case = f"rows holding {o.get('lens_before')} of max_len 8, n_new={o.get('n_new')}"
         if o.get("lens_after") != o.get("lens_before"):
-            return Criterion("overflow_atomic", "fail", f"failed append changed lens from {o.get('lens_before')} "
+            return Criterion("overflow_atomic", Status.FAIL, f"failed append changed lens from {o.get('lens_before')} "
                              f"to {o.get('lens_after')} ({case})", mistakes=["length_before_write"])
         if not raised:
-            return Criterion("overflow_atomic", "fail", f"an append past max_len raised nothing ({case})")
+            return Criterion("overflow_atomic", Status.FAIL, f"an append past max_len raised nothing ({case})")
         if not raised.get("value_error"):
-            return Criterion("overflow_atomic", "fail", f"overflow raised {raised.get('type')}, not ValueError ({case})")
+            return Criterion("overflow_atomic", Status.FAIL,
+                             f"overflow raised {raised.get('type')}, not ValueError ({case})")
         if o.get("live_changed"):
-            return Criterion("overflow_atomic", "fail", f"failed append changed tokens a row already held ({case})")
+            return Criterion("overflow_atomic", Status.FAIL,
+                             f"failed append changed tokens a row already held ({case})")
         if o.get("past_lens_written") and not notes:
             notes.append(f"a failed append wrote rows past their length before raising ({case}); "
                          "lens and live tokens were unchanged, so the cache's state is intact")
-    return Criterion("overflow_atomic", "pass", "an append that overflows one row raises ValueError "
+    return Criterion("overflow_atomic", Status.PASS, "an append that overflows one row raises ValueError "
                      "and leaves lens and every row's live tokens unchanged (first and last row tried)", notes=notes)
 
 
@@ -471,10 +475,10 @@ def overflow_from_trials(comparison: Comparison, outputs_by_trial: dict | None =
     cid = "overflow_atomic"
     over, after = comparison.of_kind("overflow"), comparison.of_kind("after_overflow")
     if not over or all(s.status == "not_run" for s in over):
-        return Criterion(cid, "error", "no overflow step was run (an earlier append of its trial failed)")
+        return Criterion(cid, Status.ERROR, "no overflow step was run (an earlier append of its trial failed)")
     bad = next((s for s in over if s.status not in ("ok", "not_run")), None)
     if bad is not None:
-        return Criterion(cid, "fail", f"{_where(bad)}: {bad.detail}")
+        return Criterion(cid, Status.FAIL, f"{_where(bad)}: {bad.detail}")
     from grader.stages.suite import TWIN
 
     def twin_of(step):
@@ -486,13 +490,13 @@ def overflow_from_trials(comparison: Comparison, outputs_by_trial: dict | None =
     if wrong is not None:
         moved = _lens_moved(wrong)
         if moved:
-            return Criterion(cid, "fail", f"after an append past max_len raised, {_where(wrong)} {moved}",
+            return Criterion(cid, Status.FAIL, f"after an append past max_len raised, {_where(wrong)} {moved}",
                              mistakes=["length_before_write"])
         how = "raises" if wrong.status == "raised" else "gives the wrong output"
-        return Criterion(cid, "fail", f"after an append past max_len raised, {_where(wrong)} {how}: the failed "
+        return Criterion(cid, Status.FAIL, f"after an append past max_len raised, {_where(wrong)} {how}: the failed "
                          f"append changed the cache's state (lens or live tokens)")
     twins = [s for s in after if _same_as_twin(s, outputs_by_trial, twin_of(s))]
-    return Criterion(cid, "pass", f"{len(over)} appends past max_len (first and last row overflowing) raise "
+    return Criterion(cid, Status.PASS, f"{len(over)} appends past max_len (first and last row overflowing) raise "
                      "ValueError, and the decode step after each matches a cache they did not touch"
                      + (" (the same decode without the failed append: the decode itself is wrong, see Decode)"
                         if twins else ""))
@@ -534,14 +538,14 @@ def live_length(small: list, large: list, check_output: bool = True, appends_cop
     cheapest = {}
     for label, runs in (("small", small), ("large", large)):
         if not runs:
-            return Criterion(cid, "error", f"the live-length probe ({label} reservation) was not planned")
+            return Criterion(cid, Status.ERROR, f"the live-length probe ({label} reservation) was not planned")
         for probe, task, built in runs:
             why = probe_failure(task, built, check_output)
             if why:
-                return Criterion(cid, "error", f"the live-length probe ({label} reservation): {why}")
+                return Criterion(cid, Status.ERROR, f"the live-length probe ({label} reservation): {why}")
         steps = [(run, run[1].segments()[-2]["cpu_s"]) for run in runs]  # the last part is the answer's
         if any(cpu is None for _, cpu in steps):
-            return Criterion(cid, "error", f"the live-length probe ({label} reservation) has no CPU figure")
+            return Criterion(cid, Status.ERROR, f"the live-length probe ({label} reservation) has no CPU figure")
         cheapest[label] = min(steps, key=lambda pair: pair[1])
     ((p_small, _, _), s_small), ((p_large, _, _), s_large) = cheapest["small"], cheapest["large"]
     factor = p_large.config["max_len"] / max(p_small.config["max_len"], 1)
@@ -551,18 +555,18 @@ def live_length(small: list, large: list, check_output: bool = True, appends_cop
             f"{s_small * 1e3:.0f} ms ({ratio:.1f}x; making the cache is not in either)")
     measured = {"scan": round(ratio, 3)}
     if not BOUNDS["scan"].crossed(ratio):
-        return Criterion(cid, "pass", text, figures=measured)
+        return Criterion(cid, Status.PASS, text, figures=measured)
     if appends_copy:
-        return Criterion(cid, "error", text + ": not judged, as the appends copy the cache (see the in-place "
+        return Criterion(cid, Status.ERROR, text + ": not judged, as the appends copy the cache (see the in-place "
                          "criterion) and each step appends a token, a scan of max_len by the attention cannot be "
                          "timed apart", figures=measured)
-    return Criterion(cid, "fail", text + ": attention scans max_len", mistakes=["max_len_scan"], figures=measured)
+    return Criterion(cid, Status.FAIL, text + ": attention scans max_len", mistakes=["max_len_scan"], figures=measured)
 
 
 def cost_model(probe, expected: dict) -> Criterion:
     """``probe`` maps each call label to what the submission's cost.py returned."""
     if probe is None:
-        return Criterion("cost_model", "not_attempted", "no cost.py")
+        return Criterion("cost_model", Status.NOT_ATTEMPTED, "no cost.py")
     if not isinstance(probe, dict) or "error" in probe:
         return _probe_error("cost_model", probe)
     wrong = []
@@ -572,8 +576,8 @@ def cost_model(probe, expected: dict) -> Criterion:
         if not ok:
             wrong.append(f"{label} gave {got!r}, expected {want!r}")
     if wrong:
-        return Criterion("cost_model", "fail", f"{len(wrong)} of {len(expected)} figures wrong; first: {wrong[0]}")
-    return Criterion("cost_model", "pass", f"all {len(expected)} figures of the cost table reproduced")
+        return Criterion("cost_model", Status.FAIL, f"{len(wrong)} of {len(expected)} figures wrong; first: {wrong[0]}")
+    return Criterion("cost_model", Status.PASS, f"all {len(expected)} figures of the cost table reproduced")
 
 
 def input_errors(probe) -> list[str]:
@@ -593,44 +597,5 @@ def input_errors(probe) -> list[str]:
 def _probe_error(cid: str, probe) -> Criterion:
     if isinstance(probe, dict) and "error" in probe:
         err = probe["error"]
-        return Criterion(cid, "error", f"the check raised {err.get('type')}: {err.get('message')}")
-    return Criterion(cid, "error", "the check did not report (the child died or was stopped before it)")
-
-
-@dataclass(frozen=True)
-class CriterionSpec:
-    """One criterion of the registry: what it means and what decides it (points and tier are the rubric's)."""
-
-    id: str
-    title: str
-    decided_by: str  # the function of this module that decides it
-    reads: tuple  # step kinds ("decode", ...), trial names ("head-map-*"), probes ("probe:grow") or files it reads
-
-
-# The one registry of criteria. grader/rubric.toml gives each id its points and its tier;
-# the grader decides each with ``decided_by`` from the evidence in ``reads``; reports,
-# the notebook and the learner's checks use these ids and titles.
-REGISTRY = {spec.id: spec for spec in (
-    CriterionSpec("preallocated_in_place", "Preallocated cache, written in place at the current length",
-                  "in_place", ("probe:grow",)),
-    CriterionSpec("no_kv_repeat", "No materialised K/V repeat", "no_repeat", ("probe:memory",)),
-    CriterionSpec("head_mapping", "Query head h reads KV head h // G", "head_mapping", ("head-map-*",)),
-    CriterionSpec("decode", "Decode (T = 1), rows of one length", "correctness", ("decode",)),
-    CriterionSpec("full_prefill", "Full prefill (T = S), rows of one length", "correctness", ("full_prefill",)),
-    CriterionSpec("chunked_prefill", "Chunked prefill (1 < T < S): bottom-right mask", "correctness",
-                  ("chunked_prefill",)),
-    CriterionSpec("ragged_rows", "Ragged rows and zero-token rows", "correctness", ("ragged",)),
-    CriterionSpec("padding", "Padded query slots finite (exactly 0)", "padding", ("padded slots of every step",)),
-    CriterionSpec("overflow_atomic", "Overflow raises and changes nothing", "overflow_from_trials",
-                  ("overflow", "after_overflow")),
-    CriterionSpec("cost_model", "Cost quantified (cost.py)", "cost_model", ("cost.py",)),
-    CriterionSpec("own_tests", "Own tests: pass, and catch the chunk-local mask", "grader.stages.own_tests.criterion",
-                  ("test_*.py",)),
-    CriterionSpec("live_length", "Attention over the live length, not max_len", "live_length", ("probe:scan",)),
-    CriterionSpec("torch_port", "PyTorch port: right, in place, no repeat", "grader.stages.grade._torch_section",
-                  ("kv_cache_torch.py",)),
-)}
-# Criteria decided by comparing outputs step by step: {id: step kind}.
-OUTPUT_CHECKS = {cid: spec.reads[0] for cid, spec in REGISTRY.items() if spec.decided_by == "correctness"}
-WHAT = {"decode": "decode", "full_prefill": "full prefill", "chunked_prefill": "chunked prefill",
-        "ragged": "ragged-row"}
+        return Criterion(cid, Status.ERROR, f"the check raised {err.get('type')}: {err.get('message')}")
+    return Criterion(cid, Status.ERROR, "the check did not report (the child died or was stopped before it)")

@@ -17,20 +17,18 @@ reported as "wrong output, no known mistake" with the smallest failing case.
 """
 from __future__ import annotations
 
-import functools
-import os
-import tomllib
 import types
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from catalogue import mutants, structure
-from grader.stages import jobs
+from catalogue import mutants, rules, structure
+from grader.stages import jobs, registry
 from grader.child import tasks as child_tasks
 from grader.stages.compare import UNIFORM, Comparison, history_kinds
 from grader.stages.oracle import OracleCache, oracle_attention
 from grader.stages.suite import Trial
+from grader.stages.verdicts import Status
 
 MATCH_TOLERANCE = {"float64": 1e-8, "float32": 1e-4}
 # Mistakes told by exact reproduction of the hidden trials' outputs: missing_scale (right at q = 0), and the
@@ -171,15 +169,10 @@ def _judged_on_uniform_rows(mask_sets: list, uniform: list) -> list:
     return [s if u else {p for p in s if p not in foreign or p in shown} for s, u in zip(mask_sets, uniform)]
 
 
-@functools.lru_cache(maxsize=1)
-def _criteria_of_mistakes() -> dict:
-    with open(os.path.join(os.path.dirname(os.path.abspath(structure.__file__)), "mistakes.toml"), "rb") as f:
-        return {mistake: entry.get("criterion") for mistake, entry in tomllib.load(f).items()}
-
-
 def _criterion_of(mistake: str) -> str | None:
     """The rubric criterion the catalogue files ``mistake`` under (None for "right" or an unknown id)."""
-    return _criteria_of_mistakes().get(mistake)
+    entry = rules.mistakes().get(mistake)
+    return entry.criterion if entry is not None else None
 
 
 def _mask_picture(trial, out, i, b, h, before, after, case) -> dict:
@@ -283,3 +276,41 @@ def smallest_failing(comparison: Comparison) -> str | None:
     what = {"wrong": "wrong output", "raised": step.detail, "bad_output": step.detail,
             "not_run": step.detail, "ok": "NaN or inf in padded query slots"}[step.status]
     return f"{step.trial.describe()}; step {step.index + 1} ({step.kind.replace('_', ' ')}): {what}"
+
+
+def name_mistakes(criteria: dict, comparison: Comparison, outputs_by_trial: dict) -> tuple[dict, Diagnosis]:
+    """``({mistake: evidence}, diagnosis)``: the mistakes ``criteria`` measured, then what the outputs show.
+
+    ``criteria`` is ``{id: Criterion}`` of one implementation's section, the output checks among them.
+    Mask, head-map and storage mistakes come from the structure recovered with ``q = 0`` (``recover``),
+    and only when a hidden check of outputs fails; ``missing_scale`` from exact reproduction. Nothing by
+    elimination. A mistake of a check judged on rows of one length (``registry.UNIFORM_ROWS``: decode, full
+    or chunked prefill, the checks that can make a verdict Weak) is named only when that check fails: not
+    from ragged rows alone (a mask offset wrong only on ragged rows is a ragged-rows matter), nor after a
+    clear refusal of chunked prefill. Each name is attached to the criterion the catalogue files it under.
+    """
+    named = {}
+    for crit in criteria.values():
+        for m in crit.mistakes:
+            named.setdefault(m, crit.evidence)
+    diagnosed = set()  # the names the outputs gave (recovered structure, reproduction), not a criterion
+    wrong = any(s.status == "wrong" for s in comparison.steps if s.kind != "structure")
+    diagnosis = Diagnosis(wrong_outputs=wrong)
+    if any(c.status == Status.FAIL for cid, c in criteria.items() if cid in registry.CORRECTNESS):
+        diagnosis = recover(comparison, outputs_by_trial)
+        diagnosis.wrong_outputs = wrong
+        # Exact reproduction on the hidden trials: missing_scale always (q = 0 cannot show it); the structural
+        # mistakes only when the structure trials came out right, as code that behaves differently at q = 0 does.
+        reproduce = tuple(REPRODUCED) if diagnosis.wrong_queries == 0 else ("missing_scale",)
+        shown = {**diagnosis.named, **match_mutants(comparison, outputs_by_trial, mistakes=reproduce)}
+        diagnosed = set(shown) - set(named)
+        named.update(shown)
+    for m in sorted(diagnosed):
+        cid = _criterion_of(m)
+        if cid in registry.UNIFORM_ROWS and cid in criteria and criteria[cid].status != Status.FAIL:
+            named.pop(m, None)
+    for m in named:
+        cid = _criterion_of(m)
+        if cid in criteria and m not in criteria[cid].mistakes:
+            criteria[cid].mistakes.append(m)
+    return named, diagnosis

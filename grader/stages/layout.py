@@ -381,9 +381,13 @@ EXPORTABLE = {"KVCache", "gqa_attention"}
 # Modules of the kit a notebook may import that the starter bundle ships too: ``{module: path in the bundle}``.
 SHIPPED_HELPERS = {"catalogue.mutants": "catalogue/mutants.py", "catalogue.structure": "catalogue/structure.py",
                    "kv_helpers.mutants": "catalogue/mutants.py"}
+# What a helper needs beside it: the planted mistakes and the recognised masks are the mask rule's.
+HELPER_NEEDS = {"catalogue.mutants": ["catalogue.rules"], "catalogue.structure": ["catalogue.rules"],
+                "kv_helpers.mutants": ["kv_helpers.rules"]}
+SHIPPED_HELPERS.update({"catalogue.rules": "catalogue/rules.py", "kv_helpers.rules": "catalogue/rules.py"})
 # Where a helper is written in the sandbox when it is not at the same path as in the kit (the class
 # notebook's released helpers: ``kv_helpers`` beside the notebook).
-HELPER_TARGETS = {"kv_helpers.mutants": "kv_helpers/mutants.py"}
+HELPER_TARGETS = {"kv_helpers.mutants": "kv_helpers/mutants.py", "kv_helpers.rules": "kv_helpers/rules.py"}
 
 
 def _marker(cell, key: str, field: str):
@@ -846,6 +850,7 @@ def provide_helpers(workdir: str, sources: list[str]) -> list[str]:
     """
     wanted = set().union(*map(_imported_modules, sources)) if sources else set()
     written = []
+    wanted |= {need for module in list(wanted) for need in HELPER_NEEDS.get(module, [])}
     for module, rel in SHIPPED_HELPERS.items():
         if module not in wanted:
             continue

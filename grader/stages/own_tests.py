@@ -21,6 +21,7 @@ import re
 from catalogue import mutants
 from grader.stages import variants
 from grader.stages.criteria import Criterion
+from grader.stages.verdicts import Status
 from grader.stages.inert import shorten, strip
 
 KEY_MUTANT = mutants.MUST_CATCH
@@ -74,7 +75,7 @@ def criterion(session, files: list[str], task_of=None, chunks_refused: bool = Fa
     ``KEY_MUTANT_IF_CHUNKS_REFUSED`` then passes too.
     """
     if not files:
-        return Criterion("own_tests", "not_attempted", "no test_*.py in the submission")
+        return Criterion("own_tests", Status.NOT_ATTEMPTED, "no test_*.py in the submission")
     task_of = task_of or (lambda v: f"own:{v}")
     runs = {}
     for variant in ["none", mutants.CONTROL, *mutants.PLANTED]:
@@ -84,36 +85,36 @@ def criterion(session, files: list[str], task_of=None, chunks_refused: bool = Fa
     if "none" not in runs:
         task = session.tasks.get(task_of("none")) if session else None
         why = (task.why() if task else "") or (session.reason if session else "") or "the test run did not report"
-        return Criterion("own_tests", "error", f"own tests could not be run: {why}")
+        return Criterion("own_tests", Status.ERROR, f"own tests could not be run: {why}")
     code = lambda v: _exit_code(runs[v]) if v in runs else None  # noqa: E731
     base = code("none")
     if base is None:
-        return Criterion("own_tests", "error", "own tests could not be run on the submission: "
+        return Criterion("own_tests", Status.ERROR, "own tests could not be run on the submission: "
                          + _why_not_run(runs["none"]))
     if base == 5:
-        return Criterion("own_tests", "fail", "pytest collected no test from the submission's test files")
+        return Criterion("own_tests", Status.FAIL, "pytest collected no test from the submission's test files")
     if base in (2, 3, 4):
         # Interrupted (a file that cannot be collected), pytest's own error or a usage error: the tests never
         # ran, so whether they pass is unknown. No guess: say why, and what to fix.
-        return Criterion("own_tests", "error", f"own tests could not run on the submission (pytest exit {base}: a "
+        return Criterion("own_tests", Status.ERROR, f"own tests could not run on the submission (pytest exit {base}: a "
                          f"test file that cannot be imported or collected); they must run with only the "
                          f"submission's files beside them" + _first_failure(runs["none"]))
     if base != 0:
-        return Criterion("own_tests", "fail", f"own tests fail on the submission itself (pytest exit {base})"
+        return Criterion("own_tests", Status.FAIL, f"own tests fail on the submission itself (pytest exit {base})"
                          + _first_failure(runs["none"]))
     if mutants.CONTROL not in runs:
         task = session.tasks.get(task_of(mutants.CONTROL)) if session else None
         why = (task.why() if task else "") or (session.reason if session else "") or "it did not report"
-        return Criterion("own_tests", "error", f"own tests did not finish on the control (the submission wrapped "
+        return Criterion("own_tests", Status.ERROR, f"own tests did not finish on the control (the submission wrapped "
                          f"with no change in behaviour): {why}; the variants run two at a time within the "
                          f"session's time, so tests that take long on one run may not finish them all")
     if code(mutants.CONTROL) is None:
-        return Criterion("own_tests", "error", "own tests could not be run on the control (the submission "
+        return Criterion("own_tests", Status.ERROR, "own tests could not be run on the control (the submission "
                          "wrapped with no change in behaviour): " + _why_not_run(runs[mutants.CONTROL]))
     if code(mutants.CONTROL) != 0:
         # Passing on the submission but not under a wrapper that changes no outcome: the planted mistakes
         # cannot be judged, whether the tests look at the wrapper or the wrapper failed them. No guess.
-        return Criterion("own_tests", "error", "own tests pass on the submission but fail on the control, the "
+        return Criterion("own_tests", Status.ERROR, "own tests pass on the submission but fail on the control, the "
                          "submission run through the grader's wrapper with every outcome kept (KVCache as a "
                          "subclass, gqa_attention wrapped, each returning a new array, each call sent to the "
                          "grader and back, which adds time per call), so no planted mistake can be judged; tests "
@@ -128,11 +129,11 @@ def criterion(session, files: list[str], task_of=None, chunks_refused: bool = Fa
         # Whether the tests catch it is unknown: no guess either way.
         key = unknown[0]
         why = _why_not_run(runs[key]) if key in runs else "the run did not report"
-        return Criterion("own_tests", "error", f"own tests pass on the submission, but the run on {key} "
+        return Criterion("own_tests", Status.ERROR, f"own tests pass on the submission, but the run on {key} "
                          f"did not finish ({why}); " + matrix["summary"])
     status = "pass" if caught else "fail"
     wanted = " or ".join(keys)
-    prefix = "pass on the submission; " if status == "pass" else f"pass on the submission but miss {wanted}; "
+    prefix = "pass on the submission; " if status == Status.PASS else f"pass on the submission but miss {wanted}; "
     if chunks_refused:
         prefix += (f"chunked prefill is refused, so catching {KEY_MUTANT_IF_CHUNKS_REFUSED} (shown on calls the "
                    f"refusal does not touch) does as well as {KEY_MUTANT}; ")

@@ -29,7 +29,7 @@ report (``describe``). Three purposes:
   second on are one part, so what making the cache costs (a ``max_len``^2 mask
   table) counts in neither (``criteria.live_length``).
 
-The bounds these figures are judged by are in ``grader.stages.bounds``; how they were
+The bounds these figures are judged by are in ``catalogue.rules`` (``BOUNDS``); how they were
 measured is in docs/measurement.md.
 """
 from __future__ import annotations

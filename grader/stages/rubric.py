@@ -14,26 +14,15 @@ from __future__ import annotations
 import os
 import tomllib
 from dataclasses import dataclass, field
-from enum import Enum
 
 from grader import HOME
-from grader.stages.criteria import REGISTRY
+from grader.stages.registry import REGISTRY
 from grader.stages.inert import join, shorten, strip
+from grader.stages.verdicts import TIERS, Status, Tier  # noqa: F401 - Tier and TIERS re-exported: their old home
 
 DEFAULT = os.path.join(HOME, "rubric.toml")
 REASON_LIMIT = 500  # a tier reason lists whole checks up to this many characters, then "and N more"
-class Tier(str, Enum):
-    """The verdicts, lowest first; the one type every module uses (a ``str``, so JSON and comparisons see the name)."""
-
-    WEAK = "Weak"
-    HIRE = "Hire"
-    STRONG_HIRE = "Strong Hire"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-TIERS = [t.value for t in Tier]
+CRITERION_TIERS = (Tier.HIRE, Tier.STRONG_HIRE, "none")  # what a criterion is needed for; "none": points only
 AUDIENCES = ("hiring", "class")
 DEFAULT_AUDIENCES = {"hiring": list(TIERS), "class": ["Needs work", "Meets expectations", "Exceeds expectations"]}
 
@@ -44,15 +33,24 @@ class RubricError(ValueError):
 
 @dataclass
 class Rubric:
+    """A rubric, as :func:`load` reads it: points and the tier each criterion is needed for, and the tier rules.
+
+    ``criteria``: id -> ``{"title", "points", "tier"}`` (``tier`` one of :data:`CRITERION_TIERS`), in the
+    file's order. ``weak_mistakes``: mistakes of the NumPy part that make the verdict Weak alone.
+    ``port_mistake_cap``: the tier a mistake named in the port caps the verdict at. ``max_score``: the
+    criteria's points added up. ``weak_when_wrong``: criteria whose wrong outputs make the verdict Weak.
+    ``audiences``: name -> the words it reads for :data:`TIERS`, in order.
+    """
+
     criteria: dict  # id -> {"title", "points", "tier"}
     weak_mistakes: list
-    port_mistake_cap: str
+    port_mistake_cap: Tier
     max_score: float
     weak_when_wrong: list = field(default_factory=list)  # criteria whose wrong outputs make the verdict Weak
     audiences: dict = field(default_factory=lambda: dict(DEFAULT_AUDIENCES))  # name -> labels of TIERS
 
     def title(self, cid: str) -> str:
-        """The criterion's title (from the registry, ``grader.stages.criteria.REGISTRY``)."""
+        """The criterion's title (from the registry, ``grader.stages.registry.REGISTRY``)."""
         return REGISTRY[cid].title if cid in REGISTRY else cid
 
     def label(self, tier: str | None, audience: str = "hiring") -> str | None:
@@ -62,9 +60,17 @@ class Rubric:
         names = self.audiences.get(audience) or self.audiences["hiring"]
         return names[TIERS.index(tier)]
 
-    def lowest_tier(self) -> str:
+    def lowest_tier(self) -> Tier:
         """The tier of a submission that meets nothing (the first of ``TIERS``)."""
-        return TIERS[0]
+        return Tier(TIERS[0])
+
+    def left_out(self, statuses: dict, unjudgeable: set | frozenset = frozenset()) -> set[str]:
+        """The optional criteria (tier "none") that count neither for nor against the score: each not
+        attempted (``statuses``: id -> :class:`Status`), or in ``unjudgeable`` (it ran, but no figure can
+        judge it: a live length whose cache's making outweighs the decode steps). Their points leave the
+        total, and the other criteria's are scaled up to ``max_score`` (``report.scaled_points``)."""
+        return {cid for cid, spec in self.criteria.items() if spec["tier"] == "none"
+                and (statuses.get(cid) == Status.NOT_ATTEMPTED or cid in unjudgeable)}
 
     def relabel(self, text: str, audience: str = "hiring") -> str:
         """``text`` (a tier reason, written with the tier ids) in ``audience``'s words."""
@@ -76,7 +82,7 @@ class Rubric:
         return re.sub(rf"\b({pattern})\b", lambda m: table[m.group(1)], text)
 
     def tier(self, statuses: dict, numpy_mistakes: list, port_mistakes: list,
-             evidence: dict | None = None, silent: set | frozenset = frozenset()) -> tuple[str, str]:
+             evidence: dict | None = None, silent: set | frozenset = frozenset()) -> tuple[Tier, str]:
         """``(tier, reason)`` from criterion statuses and the mistakes named in each section.
 
         ``evidence`` (criterion id -> text) lets the reason say why a check
@@ -86,18 +92,19 @@ class Rubric:
         pattern (a clear refusal does not).
         """
         weak = [m for m in numpy_mistakes if m in self.weak_mistakes]
-        missing_hire = [c for c, spec in self.criteria.items() if spec["tier"] == "Hire" and statuses.get(c) != "pass"]
+        missing_hire = [c for c, spec in self.criteria.items()
+                        if spec["tier"] == Tier.HIRE and statuses.get(c) != Status.PASS]
         if weak:
-            return "Weak", (f"{'mistakes that each decide' if len(weak) > 1 else 'a mistake that decides'} the "
-                            f"verdict alone: {', '.join(weak)}")
+            return Tier.WEAK, (f"{'mistakes that each decide' if len(weak) > 1 else 'a mistake that decides'} "
+                               f"the verdict alone: {', '.join(weak)}")
         evidence = evidence or {}
 
         def part(c):
             """One criterion that did not pass: its title and state, and for a check not measured or not
             attempted what it saw, cut at a word with its brackets closed."""
-            if statuses.get(c) == "error":
+            if statuses.get(c) == Status.ERROR:
                 return f"{self.title(c)} (not measured: {shorten(strip(evidence.get(c) or 'no evidence'), 160)})"
-            if statuses.get(c) == "not_attempted":  # what the check saw: "no cost.py", "... refused ..."
+            if statuses.get(c) == Status.NOT_ATTEMPTED:  # what the check saw: "no cost.py", "... refused ..."
                 seen = strip(evidence.get(c) or "")
                 return f"{self.title(c)} (not attempted: {shorten(seen, 100)})" if seen else \
                     f"{self.title(c)} (not attempted)"
@@ -105,19 +112,19 @@ class Rubric:
 
         def parts(ids):
             # Checks that failed first: they are the cause; the checks that could not be measured say why.
-            return join([part(c) for c in sorted(ids, key=lambda c: statuses.get(c) == "error")], REASON_LIMIT)
+            return join([part(c) for c in sorted(ids, key=lambda c: statuses.get(c) == Status.ERROR)], REASON_LIMIT)
         if missing_hire:
-            return "Weak", f"not every Hire check passes: {parts(missing_hire)}"
-        wrong = [c for c in self.weak_when_wrong if c in silent and statuses.get(c) == "fail"]
+            return Tier.WEAK, f"not every Hire check passes: {parts(missing_hire)}"
+        wrong = [c for c in self.weak_when_wrong if c in silent and statuses.get(c) == Status.FAIL]
         if wrong:
-            return "Weak", ("silently wrong: " + "; ".join(self.title(c) for c in wrong)
-                            + " returns wrong outputs (no clear refusal), which decides the verdict alone")
+            return Tier.WEAK, ("silently wrong: " + "; ".join(self.title(c) for c in wrong)
+                               + " returns wrong outputs (no clear refusal), which decides the verdict alone")
         missing_strong = [c for c, spec in self.criteria.items()
-                          if spec["tier"] == "Strong Hire" and statuses.get(c) != "pass"]
-        tier, reason = ("Hire", f"not every Strong Hire check passes: {parts(missing_strong)}") if missing_strong \
-            else ("Strong Hire", "every check that decides the tier passes")
+                          if spec["tier"] == Tier.STRONG_HIRE and statuses.get(c) != Status.PASS]
+        tier, reason = (Tier.HIRE, f"not every Strong Hire check passes: {parts(missing_strong)}") if missing_strong \
+            else (Tier.STRONG_HIRE, "every check that decides the tier passes")
         reported = [m for m in numpy_mistakes if m not in self.weak_mistakes]
-        if tier == "Strong Hire" and reported:  # a performance finding (max_len_scan): said, never a tier
+        if tier == Tier.STRONG_HIRE and reported:  # a performance finding (max_len_scan): said, never a tier
             reason += f"; {', '.join(reported)} is reported and decides no tier"
         capping = list(port_mistakes)
         if capping:
@@ -155,14 +162,14 @@ def load(path: str | None = None) -> Rubric:
             + ([f"no points for {', '.join(missing)}"] if missing else []))
             + f" (the criteria are: {', '.join(REGISTRY)})")
     for cid, spec in criteria.items():
-        if not isinstance(spec.get("points"), (int, float)) or spec.get("tier") not in ("Hire", "Strong Hire", "none"):
+        if not isinstance(spec.get("points"), (int, float)) or spec.get("tier") not in CRITERION_TIERS:
             raise RubricError(f"rubric {path}: criterion {cid} needs numeric points and tier Hire, Strong Hire or none")
         if "title" in spec:
             raise RubricError(f"rubric {path}: criterion {cid} has a title; titles come from the kit's registry "
                               "(grader/stages/criteria.py), a rubric gives only points and tiers")
         spec["title"] = REGISTRY[cid].title
     tiers = data.get("tiers", {})
-    cap = tiers.get("port_mistake_cap", "Hire")
+    cap = tiers.get("port_mistake_cap", Tier.HIRE)
     if cap not in TIERS:
         raise RubricError(f"rubric {path}: port_mistake_cap must be one of {TIERS}, got {cap!r}")
     total = float(sum(spec["points"] for spec in criteria.values()))
@@ -178,5 +185,5 @@ def load(path: str | None = None) -> Rubric:
     silent = list(tiers.get("weak_when_wrong", []))
     if set(silent) - set(criteria):
         raise RubricError(f"rubric {path}: weak_when_wrong names unknown criteria {sorted(set(silent) - set(criteria))}")
-    return Rubric(criteria, list(tiers.get("weak_mistakes", [])), cap, max_score, weak_when_wrong=silent,
+    return Rubric(criteria, list(tiers.get("weak_mistakes", [])), Tier(cap), max_score, weak_when_wrong=silent,
                   audiences=audiences)

@@ -67,17 +67,19 @@ def copy_seconds(nbytes: int) -> float:
     """CPU seconds this machine takes to copy ``nbytes`` once from main memory: the unit the growth figure counts
     an append's CPU time in.
 
-    Timed here, now, on ``COPY_SAMPLE`` bytes (best of five after a first copy that maps the pages) and scaled
-    to ``nbytes``: a sample that fits in the processor's last-level cache (32 MiB on this machine's EPYC)
-    copies at two to three times the memory's rate, and timed at the cache's size the unit shrank with the
-    probe's cache, so a small layout read a constant per-append overhead of 25 us as 0.2 copies (0.1 from main
-    memory). CPU time, as the sandbox's figures are: on a loaded machine a copy's wall time includes the time
-    it waits for a core.
+    Timed here, once per process, on ``COPY_SAMPLE`` bytes (best of five after a first copy that maps the
+    pages) and scaled to ``nbytes``: a sample that fits in the processor's last-level cache (32 MiB on this
+    machine's EPYC) copies at two to three times the memory's rate, and timed at the cache's size the unit
+    shrank with the probe's cache, so a small layout read a constant per-append overhead of 25 us as 0.2
+    copies (0.1 from main memory). CPU time, as the sandbox's figures are: on a loaded machine a copy's wall
+    time includes the time it waits for a core. ``grade.prepare_inputs`` times it before a batch forks its
+    workers, which then share it (mapping the sample's fresh pages costs up to a second on a virtual machine).
     """
     import time
 
     if not _COPY:
-        src = np.ones(COPY_SAMPLE // 8)
+        src = np.empty(COPY_SAMPLE // 8)
+        src.fill(1.0)
         dst = np.empty_like(src)
         np.copyto(dst, src)  # page faults: the destination's first touch is not a copy's cost
         best = float("inf")
@@ -89,7 +91,7 @@ def copy_seconds(nbytes: int) -> float:
     return _COPY["per_byte"] * nbytes
 
 
-COPY_SAMPLE = 128 << 20  # bytes: beyond the last-level caches of the machines the kit runs on
+COPY_SAMPLE = 64 << 20  # bytes: twice the last-level cache here, so that source and destination both miss it
 _COPY: dict = {}
 
 

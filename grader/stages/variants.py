@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from catalogue import mutants
+from catalogue import mutants, rules
 from grader.child import protocol
 
 # The mistakes whose planted outcome differs in an attention call, and in an append.
@@ -89,7 +89,9 @@ def _planted_outcomes(q, k, v, lens, n_new, out) -> dict:
     B, Hq, T, d = ref.q.shape
     real = np.arange(T)[None, :] < n_new[:, None]  # [B, T]: slots past n_new[b] are padding
     position = (lens - n_new)[:, None] + np.arange(T)[None, :]
-    right_keys, scale = np.where(real, position + 1, 0), 1.0 / math.sqrt(d)
+    # The right window of each slot is keys 0 .. its count - 1 (the mask rule's bottom-right default).
+    right_keys = rules.visible(lens, n_new, T, int(lens.max()) if B else 0).sum(axis=-1)
+    scale = 1.0 / math.sqrt(d)
     raw = ref.scores(ref.q)
     right = ref.attend(raw, scale, right_keys)
     planted = {}

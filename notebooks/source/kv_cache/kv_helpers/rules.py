@@ -1,0 +1,1 @@
+../../../../catalogue/rules.py
