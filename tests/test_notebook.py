@@ -33,6 +33,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from grader.stages.registry import REGISTRY
 from grader.stages import rubric as rubric_mod
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +52,8 @@ ROLES = {"setup", "implementation", "cost", "port", "own_tests"}
 # The notebook's own-test functions: graded by the hidden tests on the kit's reference, not copies of solutions/.
 OWN_CHECK = {"reference_attention", "check_against_reference", "test_check_against_reference"}
 # Rubric criteria no notebook cell grades, and why.
-NOT_IN_NOTEBOOK = {"live_length": "measured by timing decode in two reservations, which kvkit grade does"}
+# The criteria no cell grades, and why: the registry says (grader/stages/registry.py).
+NOT_IN_NOTEBOOK = {cid: spec.not_in_notebook for cid, spec in REGISTRY.items() if spec.not_in_notebook}
 
 # The two planted mistakes, each replacing one answer cell of the full solution.
 CHUNK_LOCAL_MASK = '''

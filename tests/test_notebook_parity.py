@@ -39,6 +39,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from grader.stages.registry import REGISTRY
 from grader.stages import rubric as rubric_mod
 from test_notebook import ASSIGNMENT, COURSE, NOTEBOOK, _environment, _nbgrader
 
@@ -48,7 +49,7 @@ DOCS = ROOT / "docs" / "notebook.md"
 SEED, TRIALS = 1, 30  # kvkit grade's hidden trials: the criteria compared do not depend on their count
 
 # Rubric criteria no graded cell grades: only kvkit grade awards their points.
-KVKIT_ONLY = {"live_length"}
+KVKIT_ONLY = {cid for cid, spec in REGISTRY.items() if spec.not_in_notebook}  # no cell grades them
 # Points that differ by design, as (nbgrader's, kvkit grade's): the own tests. nbgrader grades the learner's
 # check against the kit's reference, so a mistake in the code costs only its own cells; kvkit grade runs the
 # check on the student's code first, and a check that fails there (rightly, on a chunk-local mask; or because

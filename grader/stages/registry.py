@@ -7,7 +7,8 @@ are the rubric's (``grader/rubric.toml``); reports, the notebook and the learner
 and titles. ``decide_all`` decides every entry in order; the grading pipeline (``grade.py``) and the
 port's stage (``port.py``) both call it, on their own session's evidence.
 
-Adding a criterion: an entry here (with its ``decide``), a line in ``grader/rubric.toml``, its tests.
+Adding a criterion: an entry here (with its ``decide``, and ``not_in_notebook`` until a cell of the class
+notebook grades it), a line in ``grader/rubric.toml``, its tests.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class CriterionSpec:
     needs: tuple = ()  # criteria this one reads, decided before it
     section: str = "numpy"  # "numpy", or "torch" for the port's own line
     port: bool = False  # decided again on the port's evidence, inside the port's line
+    not_in_notebook: str = ""  # why no cell of the class notebook grades it ("": a graded cell does)
 
 
 # Step kinds of the criteria decided by comparing outputs step by step, and how the evidence names them.
@@ -140,7 +142,8 @@ REGISTRY = {spec.id: spec for spec in (
     CriterionSpec("no_kv_repeat", "No materialised K/V repeat", ("probe:memory",), _no_repeat, needs=UNIFORM_ROWS,
                   port=True),
     CriterionSpec("live_length", "Attention over the live length, not max_len", ("probe:scan",), _live_length,
-                  needs=(*UNIFORM_ROWS, "preallocated_in_place"), port=True),
+                  needs=(*UNIFORM_ROWS, "preallocated_in_place"), port=True,
+                  not_in_notebook="measured by timing decode in two reservations, which kvkit grade does"),
     CriterionSpec("overflow_atomic", "Overflow raises and changes nothing", ("overflow", "after_overflow"),
                   lambda ev, decided: criteria_mod.overflow_from_trials(ev.comparison, ev.outputs), port=True),
     CriterionSpec("cost_model", "Cost quantified (cost.py)", ("cost.py",), _cost_model),
