@@ -6,9 +6,14 @@
   from one mask for the whole batch, one key too many or too few). The planted mutants
   (``mutants.WINDOWS``), the structure recovery (``structure.MASKS``) and the learner's step checks
   (``stepkit.explain_window``) all read ``MASKS``. ``solutions/kv_cache.py`` keeps its own
-  ``visible_keys`` as the answer to read; ``tests/test_rules.py`` holds it to ``visible``.
+  ``visible_keys`` as the answer to read, and the grader's oracle (``grader/stages/oracle.py``
+  ``attention_ref``) keeps its loop over keys ``0 .. pos`` as the trusted reference, written for
+  obviousness; ``tests/test_rules.py`` holds both to ``visible``. A change of the rule is a change of
+  the contract: those two, the contract (docs/contract.md) and the notebook's answer change with it.
 * **Bounds** (``BOUNDS``): the one table the structural criteria, the in-process meters and the
   learner's no-repeat step are judged by; docs/measurement.md says how each was measured.
+  ``repeat_per_head``, ``call_held`` and ``task_held`` all judge ``no_kv_repeat`` (the first names
+  ``kv_repeat``); the port's op watch (``meters.judge_torch_ops``, step 6) counts elements instead.
 * **Mistakes** (``mistakes()``): ``mistakes.toml`` beside this file, read once into typed records.
 
 NumPy and the standard library only: this file ships in the learner's starter bundle and is loaded by

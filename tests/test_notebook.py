@@ -358,6 +358,18 @@ def _nbgrader(course: Path, env: dict, *args: str) -> str:
     return log
 
 
+def generated_course(tmp: Path) -> tuple[Path, dict]:
+    """``(course folder, environment)``: a copy of the course in ``tmp`` with the student version made by
+    ``nbgrader generate_assignment`` (links to the kit's helpers followed)."""
+    course = tmp / "course"
+    course.mkdir()
+    shutil.copy(COURSE / "nbgrader_config.py", course)
+    shutil.copytree(COURSE / "source", course / "source")
+    env = _environment(tmp)
+    _nbgrader(course, env, "generate_assignment", ASSIGNMENT)
+    return course, env
+
+
 def _submit(course_dir: Path, student: str, nb) -> None:
     folder = course_dir / "submitted" / student / ASSIGNMENT
     folder.mkdir(parents=True)
@@ -401,12 +413,7 @@ def _errors(course_dir: Path, student: str) -> list:
 @pytest.mark.slow
 def test_nbgrader_generate_and_autograde(tmp_path):
     """generate_assignment, then one autograde of five submissions, scored from the gradebook."""
-    course_dir = tmp_path / "course"
-    course_dir.mkdir()
-    shutil.copy(COURSE / "nbgrader_config.py", course_dir)
-    shutil.copytree(COURSE / "source", course_dir / "source")
-    env = _environment(tmp_path)
-    _nbgrader(course_dir, env, "generate_assignment", ASSIGNMENT)
+    course_dir, env = generated_course(tmp_path)
 
     # The student version: no solution, no hidden test, no output; a stub in every answer cell; the
     # hand-back roles kept (kvkit grade splits a handed-in copy by them).

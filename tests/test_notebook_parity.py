@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +40,7 @@ import pytest
 
 from grader.stages.registry import REGISTRY
 from grader.stages import rubric as rubric_mod
-from test_notebook import ASSIGNMENT, COURSE, NOTEBOOK, _environment, _nbgrader
+from test_notebook import ASSIGNMENT, COURSE, NOTEBOOK, _nbgrader, generated_course
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = COURSE / "source" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
@@ -170,12 +169,7 @@ def _kvkit_points(report: dict, rubric) -> dict:
 def graded(tmp_path_factory) -> dict:
     """``{student: {"nbgrader": points, "kvkit": points, "report": report}}`` for the hand-backs."""
     tmp = tmp_path_factory.mktemp("parity")
-    course = tmp / "course"
-    course.mkdir()
-    shutil.copy(COURSE / "nbgrader_config.py", course)
-    shutil.copytree(COURSE / "source", course / "source")
-    env = _environment(tmp)
-    _nbgrader(course, env, "generate_assignment", ASSIGNMENT)
+    course, env = generated_course(tmp)
     release = nbformat.read(course / "release" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
     hand_backs = _hand_backs(release)
     files = tmp / "hand-backs"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from catalogue import mutants, rules, structure
 from grader.inprocess import meters
@@ -229,6 +229,7 @@ def test_the_mutants_and_structure_load_by_path_with_rules_beside_them(tmp_path,
     """As the starter bundle and step 7's shim load them: files in a folder that is no package."""
     for name in ("mutants.py", "structure.py", "rules.py", "mistakes.toml"):
         shutil.copy(KIT / "catalogue" / name, tmp_path / name)
+    sys.modules["_kvkit_rules"] = _load("_kvkit_rules", tmp_path / "rules.py")  # first, as the step tests do
     planted = _load("kvkit_test_rules_mutants", tmp_path / "mutants.py")
     recovered = _load("kvkit_test_rules_structure", tmp_path / "structure.py")
     assert Path(sys.modules["_kvkit_rules"].__file__).parent == tmp_path
@@ -246,5 +247,31 @@ def test_the_mutants_and_structure_load_by_path_with_rules_beside_them(tmp_path,
 
 def test_a_copy_without_rules_says_what_it_needs(tmp_path, no_loaded_rules):
     shutil.copy(KIT / "catalogue" / "mutants.py", tmp_path / "mutants.py")
-    with pytest.raises(ImportError, match="needs rules.py beside it"):
+    with pytest.raises(ImportError, match="rules"):
         _load("kvkit_test_rules_lonely", tmp_path / "mutants.py")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_the_graders_oracle_attends_over_the_rules_window(data):
+    """The oracle (``grader/stages/oracle.py`` ``attention_ref``) keeps its own loop over keys 0 .. pos, written
+    for obviousness; the keys it reads are the rule's: a softmax over ``rules.visible`` gives its outputs."""
+    from grader.stages.oracle import attention_ref
+
+    B = data.draw(st.integers(1, 3))
+    T = data.draw(st.integers(1, 4))
+    n_new = np.array(data.draw(st.lists(st.integers(0, T), min_size=B, max_size=B)))
+    lens = n_new + np.array(data.draw(st.lists(st.integers(0, 5), min_size=B, max_size=B)))
+    S = int(lens.max())
+    assume(S > 0)  # an empty batch attends to nothing: the oracle's own edge, not the rule's
+    Hkv, G, d = 2, 2, 3
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    q = rng.standard_normal((B, Hkv * G, T, d))
+    k, v = rng.standard_normal((B, Hkv, S + 2, d)), rng.standard_normal((B, Hkv, S + 2, d))
+    seen = rules.visible(lens, n_new, T, S)  # [B, T, S]
+    kr, vr = np.repeat(k[:, :, :S], G, axis=1), np.repeat(v[:, :, :S], G, axis=1)  # fine here: tiny
+    scores = np.where(seen[:, None], q @ kr.swapaxes(-1, -2) / np.sqrt(d), -np.inf)
+    top = np.where(seen[:, None].any(-1, keepdims=True), scores.max(-1, keepdims=True), 0.0)
+    w = np.where(seen[:, None], np.exp(scores - top), 0.0)
+    want = np.nan_to_num(w / np.where(w.sum(-1, keepdims=True) > 0, w.sum(-1, keepdims=True), 1.0)) @ vr
+    np.testing.assert_allclose(attention_ref(q, k, v, lens, n_new), want, atol=1e-10)

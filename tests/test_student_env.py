@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from test_notebook import ASSIGNMENT, COURSE, NOTEBOOK, RELEASED, _environment, _nbgrader
+from test_notebook import ASSIGNMENT, NOTEBOOK, RELEASED, generated_course
 
 pytestmark = pytest.mark.slow
 
@@ -36,11 +35,7 @@ RUN_WITHOUT_ANSWERS = {"heads_picture", "mask_picture", "consistency_helpers", "
 def release(tmp_path_factory) -> Path:
     """The student version, made by nbgrader from a copy of the course (links to the kit's helpers followed)."""
     tmp = tmp_path_factory.mktemp("course")
-    course = tmp / "course"
-    course.mkdir()
-    shutil.copy(COURSE / "nbgrader_config.py", course)
-    shutil.copytree(COURSE / "source", course / "source")
-    _nbgrader(course, _environment(tmp), "generate_assignment", ASSIGNMENT)
+    course, _ = generated_course(tmp)
     folder = course / "release" / ASSIGNMENT
     assert {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()} == RELEASED
     return folder

@@ -869,7 +869,7 @@ def catalogue_module(name: str):
 def mask_picture(got, b: int, h: int, start: int, n: int, live: int) -> str:
     """Every query of row ``b``, head ``h`` in this call: the keys it saw beside the keys it should see,
     drawn by the catalogue's ``structure.grid`` (``#`` seen, ``.`` not); "" when the catalogue is absent."""
-    structure = catalogue_module("structure")
+    structure = catalogue_module("rules") and catalogue_module("structure")  # the mask rule first: structure reads it
     if structure is None:
         return ""
     yours = []

@@ -44,6 +44,7 @@ if hasattr(_real, "__all__"):
     __all__ = list(_real.__all__)
 MUTANT = _os.environ.get("KVKIT_MUTANT", "")
 if MUTANT:
+    _load("_kvkit_rules", {rules!r})  # the mask rule the planted masks are drawn from, read by mutants.py
     _mutants = _load("_kvkit_mutants", {mutants!r})
     KVCache, gqa_attention = _mutants.plant(MUTANT, _real.KVCache, _real.gqa_attention)
 '''
@@ -52,6 +53,12 @@ if MUTANT:
 def load_mutants(path: Path):
     """The catalogue's mutants module (PLANTED, kill_matrix), loaded from ``path``."""
     import importlib.util
+    import sys
+
+    if "_kvkit_rules" not in sys.modules:  # mutants.py reads the mask rule beside it, loaded first
+        rules = importlib.util.spec_from_file_location("_kvkit_rules", path.with_name("rules.py"))
+        sys.modules["_kvkit_rules"] = importlib.util.module_from_spec(rules)
+        rules.loader.exec_module(sys.modules["_kvkit_rules"])
     spec = importlib.util.spec_from_file_location("_kvkit_mutants_list", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -144,7 +151,7 @@ def test_your_tests_catch_the_planted_mistakes(record_property):
     planted = list(catalogue.PLANTED)
     with tempfile.TemporaryDirectory(prefix="kvkit-step7-") as tmp:
         shim_dir = Path(tmp)
-        (shim_dir / "kv_cache.py").write_text(SHIM.format(real=str(real), mutants=str(mutants)))
+        (shim_dir / "kv_cache.py").write_text(SHIM.format(real=str(real), mutants=str(mutants), rules=str(mutants.with_name("rules.py"))))
         (shim_dir / "pytest.ini").write_text("[pytest]\n")
         rows = {"your kv_cache.py": run_mine(mine, shim_dir, "")}
         if rows["your kv_cache.py"][0] != "pass":
