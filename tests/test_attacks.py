@@ -240,6 +240,30 @@ def gqa_attention(q, cache, n_new):
         out = out + 1e-3  # every coordinate moves: no recovered structure, no exact reproduction
     return out
 '''
+# The chunk outputs returned as another kind of array (complex): a wrong answer, returned without an error.
+AS_COMPLEX = '''
+_plain_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    out = _plain_attention(q, cache, n_new)
+    if np.asarray(q).shape[2] > 1 and (np.asarray(cache.lens) - np.asarray(n_new)).any():
+        out = out.astype(np.complex128)  # a chunk after cached tokens: no float output to compare
+    return out
+'''
+# A port with a top-left (chunk-local) mask, and the same port with its chunk outputs blurred.
+PORT_CHUNK_LOCAL = PORT.replace("    position = (lens - n_new)[:, None] + t\n",
+                                "    position = (lens - n_new)[:, None] + t if T == 1 else t.expand(len(lens), T)\n")
+PORT_BLUR = '''
+_sharp_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    out = _sharp_attention(q, cache, n_new)
+    if q.shape[2] > 1 and bool((cache.lens - torch.as_tensor(n_new, device=cache.lens.device)).any()):
+        out = out + 1e-3  # every coordinate moves: no recovered structure, no exact reproduction
+    return out
+'''
 PORT_EXITS_SMALL = '''
 _repeating_port_attention = gqa_attention
 
@@ -780,6 +804,13 @@ for _fd in range(3, 64):
     "control_chunk_local": ({"kv_cache.py": wrong()}, None),
     # The same mask with its wrong outputs blurred, so that no pattern can be recovered or reproduced.
     "chunk_local_blurred": ({"kv_cache.py": wrong() + BLUR}, "control_chunk_local"),
+    # The same mask with its chunk outputs returned as complex arrays: no float output, still silently wrong.
+    "chunk_outputs_complex": ({"kv_cache.py": wrong() + AS_COMPLEX}, "control_chunk_local"),
+    # A port with a chunk-local mask (named: caps the tier), and the same port blurred (no name: caps all the same).
+    # On a Strong Hire base, so that the cap is what stands between them and Strong Hire.
+    "control_port_chunk_local": ({**STRONG, "kv_cache_torch.py": PORT_CHUNK_LOCAL}, None),
+    "port_chunk_local_blurred": ({**STRONG, "kv_cache_torch.py": PORT_CHUNK_LOCAL + PORT_BLUR},
+                                 "control_port_chunk_local"),
     # A port that repeats K/V, and raises at the probes' sizes so no repeat is measured.
     "port_raises_at_probe_sizes": ({"kv_cache.py": BASE, "kv_cache_torch.py": PORT + PORT_REPEAT.format(
         how=TORCH_REPEAT) + PORT_RAISES}, "control_port_repeat"),
@@ -850,7 +881,8 @@ SLOW_CASES = MEASURED | {"tests_read_wrapper_code", "tests_read_the_variant_with
                          "tests_tell_control_by_identity", "chunk_local_unless_q_is_zero", "chunk_local_blurred",
                          "padded_answer", "preimport_that_exits", "tmpfile_past_disk_bound",
                          "tests_send_an_empty_chunk_of_many_heads", "control_empty_chunk",
-                         "notebook_cell_of_many_statements", "control_notebook"}
+                         "notebook_cell_of_many_statements", "control_notebook", "port_chunk_local_blurred",
+                         "control_port_chunk_local"}
 CORE = [name for name in CASES if name not in SLOW_CASES]
 # Each batch grades its cases and their controls (a control may be graded in both).
 SLOW_BATCH = sorted(SLOW_CASES | {CASES[c][1] for c in SLOW_CASES if CASES[c][1]})
@@ -1284,3 +1316,21 @@ def _read_deep_hand_backs(tmp_path, folder):
         written = submission.materialize(str(path), str(work))
         assert time.monotonic() - started < 5.0
         assert written == ["kv_cache.py"], written
+
+
+@pytest.mark.slow
+def test_a_port_silently_wrong_in_no_named_pattern_caps_as_a_named_mistake(graded_measured):
+    """The control's port names chunk_local_mask and caps a Strong Hire NumPy part at Hire; blurred, it names
+    nothing and is capped all the same (from the attack review of 2026-12-02)."""
+    _, reports, _ = graded_measured
+    control, attack = reports["control_port_chunk_local"], reports["port_chunk_local_blurred"]
+    assert control["port_mistakes"] == ["chunk_local_mask"] and control["tier"] == "Hire", control["tier_reason"]
+    assert attack["port_mistakes"] == [] and attack["port_cap"] == "Hire" and attack["tier"] == "Hire", \
+        attack["tier_reason"]
+
+
+def test_chunk_outputs_of_another_kind_are_silently_wrong(graded):
+    """Complex chunk outputs (no float output to compare, no error) are as Weak as the wrong numbers they hide."""
+    _, reports, _ = graded
+    attack = reports["chunk_outputs_complex"]
+    assert attack["tier"] == "Weak" and "silently wrong" in attack["tier_reason"], attack["tier_reason"]

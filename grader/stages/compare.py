@@ -111,6 +111,9 @@ class StepVerdict:
     buffers_moved: bool = False  # the cache's k/v were other objects after this step's append
     chunk_after_prefix: bool = False  # some row appends 2+ tokens after cached tokens (a refusable call)
     wide_after_prefix: bool = False  # T > 1 and some row that holds tokens gets one or more: a call with T < S
+    # ``bad_output`` from a call that returned without raising (a wrong type, dtype kind or shape): as silently
+    # wrong as a wrong number, and counted so (``criteria.correctness``).
+    returned_bad: bool = False
 
 
 @dataclass
@@ -179,7 +182,7 @@ def compare(trials: list[Trial], records: list, outputs: list, expected: list) -
             verdict.buffers_moved = record.get("buffers_moved") is True
             got = steps_out[i]
             if got is None:
-                verdict.status = "bad_output"
+                verdict.status, verdict.returned_bad = "bad_output", True
                 verdict.detail = (f"returned {record.get('type')} of shape {record.get('shape')} and dtype "
                                   f"{record.get('dtype')}; expected an array of shape {list(step.q.shape)}")
                 continue

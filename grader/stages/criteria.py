@@ -74,7 +74,7 @@ def correctness(cid: str, steps: list[StepVerdict], what: str, refusable: list[S
     how = {"wrong": f"wrong output (max error {bad.max_error:.1e})", "raised": bad.detail,
            "bad_output": bad.detail, "not_run": bad.detail}[bad.status]
     return Criterion(cid, Status.FAIL, f"{len(failing)} of {len(steps)} {what} steps fail; first: {_where(bad)}: {how}",
-                     silent=any(s.status == "wrong" for s in failing))
+                     silent=any(s.status == "wrong" or s.returned_bad for s in failing))
 
 
 def heads_read(step: StepVerdict, out) -> list[list]:

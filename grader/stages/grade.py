@@ -315,7 +315,8 @@ def _evaluate(name, options, level, started, plan, sessions, answer, comparison,
 
     def judge_port():
         crit, named_there = port_mod.judge(sessions.get("torch"), plan,
-                                           compare.oracle_outputs(options.seed, options.trials)[1])
+                                           compare.oracle_outputs(options.seed, options.trials)[1],
+                                           weak_when_wrong=options.rubric.weak_when_wrong)
         port_named.update(named_there)
         return crit
 

@@ -16,8 +16,11 @@ from grader.stages.evidence import MALFORMED, Evidence, outputs_by_trial, probe_
 PORT_CRITERIA = tuple(cid for cid, spec in registry.REGISTRY.items() if spec.port)
 
 
-def judge(session, plan, expected) -> tuple[Criterion, dict]:
-    """``(the port's criterion, {mistake: evidence} named in it)`` from the port's session (None: not run)."""
+def judge(session, plan, expected, weak_when_wrong=()) -> tuple[Criterion, dict]:
+    """``(the port's criterion, {mistake: evidence} named in it)`` from the port's session (None: not run).
+
+    ``weak_when_wrong``: the rubric's criteria whose silently wrong outputs make a NumPy part Weak; in a port
+    that works somewhere, they cap the tier as a named mistake would, named or not."""
     trials = plan.trials
     if session is None:
         return Criterion("torch_port", Status.ERROR, "the port was not run"), {}
@@ -49,6 +52,11 @@ def judge(session, plan, expected) -> tuple[Criterion, dict]:
         unclear = _unclear(measured)
         if unclear and (worked or _hung(session)):
             result.caps = f"the port's {', '.join(unclear)} probe gave no clean figure: it could not be measured"
+        # Silently wrong where a NumPy part would be Weak, in a pattern no catalogued mistake names (a blurred
+        # mask, an output of the wrong type): a hidden mistake must not cap less than a named one.
+        silent = [c.id for c in failed if c.silent and c.id in weak_when_wrong]
+        if silent and worked and not named and not result.caps:
+            result.caps = f"the port's {', '.join(silent)} returns wrong outputs without an error, in no named pattern"
         return result, named
     evidence = (f"{len(comparison.steps)} steps match the reference; "
                 + "; ".join(c.evidence for c in measured.values()))
