@@ -518,12 +518,13 @@ def test_only_the_untouched_template_is_not_graded():
 def test_a_submission_that_does_not_load_is_weak_with_each_criterion_saying_why():
     """Graded at the lowest tier (the candidate's code ran and failed), every criterion keeps its section
     and tier; what was not handed in is not attempted, the port left out and the rest scaled to the total."""
-    from grader.stages.grade import _say_not_measured
+    from grader.stages.grade import _not_measured_lines
     from grader.stages.report import ungraded
 
     rubric = load()
     report = ungraded("dave", 1, rubric, "kv_cache.py: failed to import: SyntaxError")
-    _say_not_measured(report, ["kv_cache.py", "cost.py"], "not measured: kv_cache.py: failed to import", rubric)
+    report["criteria"] = [line.to_dict() for line in _not_measured_lines(
+        ["kv_cache.py", "cost.py"], "not measured: kv_cache.py: failed to import", rubric)]
     by_id = {c["id"]: c for c in report["criteria"]}
     assert by_id["torch_port"]["status"] == "not_attempted" and by_id["torch_port"]["counted"] is False
     assert by_id["own_tests"]["status"] == "not_attempted"

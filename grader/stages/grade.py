@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
-import tempfile
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -31,7 +29,6 @@ from grader.stages.layout import (SubmissionError, laid_out_sha256, materialize,
 from grader.stages.verdicts import ReportStatus, Status
 
 CATALOGUE = os.path.join(KIT_ROOT, "catalogue")
-SCHEMA = report_mod.SCHEMA
 # The cost table's inputs plus a second set (grader/shipped/cost_table.py), so no figure can be typed in (grader/stages/costs.py).
 COST_CALLS = costs.figures()["calls"]
 
@@ -254,11 +251,6 @@ def _not_measured_lines(files: list[str], why: str, rubric) -> list[report_mod.C
         lines.append(report_mod.CriterionLine(cid, rubric.title(cid), statuses[cid], 0.0, worth[cid], evidence, [],
                                               registry.section(cid), spec["tier"], cid not in left_out))
     return lines
-
-
-def _say_not_measured(report: dict, files: list[str], why: str, rubric) -> None:
-    """:func:`_not_measured_lines` written into ``report``, a report's JSON data (as ``report.ungraded`` makes it)."""
-    report["criteria"] = [line.to_dict() for line in _not_measured_lines(files, why, rubric)]
 
 
 def _nothing_written(answer: dict) -> bool:

@@ -19,7 +19,6 @@ import os
 import re
 
 from catalogue import mutants
-from grader.stages import variants
 from grader.stages.criteria import Criterion
 from grader.stages.verdicts import Status
 from grader.stages.inert import shorten, strip
