@@ -251,6 +251,29 @@ def gqa_attention(q, cache, n_new):
         out = out.astype(np.complex128)  # a chunk after cached tokens: no float output to compare
     return out
 '''
+# The chunk outputs returned as a tuple that no array can be made of: the conversion raises ValueError in
+# the grader's harness, after the call returned (attack review of 2026-12-02, the second round).
+AS_TUPLE = '''
+_plain_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    out = _plain_attention(q, cache, n_new)
+    if np.asarray(q).shape[2] > 1 and (np.asarray(cache.lens) - np.asarray(n_new)).any():
+        return (out, out[..., 0])
+    return out
+'''
+# The port's chunk outputs as bfloat16, which NumPy cannot hold (TypeError in the conversion, not in the call).
+PORT_AS_BF16 = '''
+_full_attention = gqa_attention
+
+
+def gqa_attention(q, cache, n_new):
+    out = _full_attention(q, cache, n_new)
+    if q.shape[2] > 1 and bool((cache.lens - torch.as_tensor(n_new, device=cache.lens.device)).any()):
+        return out.to(torch.bfloat16)
+    return out
+'''
 # A port with a top-left (chunk-local) mask, and the same port with its chunk outputs blurred.
 PORT_CHUNK_LOCAL = PORT.replace("    position = (lens - n_new)[:, None] + t\n",
                                 "    position = (lens - n_new)[:, None] + t if T == 1 else t.expand(len(lens), T)\n")
@@ -806,11 +829,15 @@ for _fd in range(3, 64):
     "chunk_local_blurred": ({"kv_cache.py": wrong() + BLUR}, "control_chunk_local"),
     # The same mask with its chunk outputs returned as complex arrays: no float output, still silently wrong.
     "chunk_outputs_complex": ({"kv_cache.py": wrong() + AS_COMPLEX}, "control_chunk_local"),
+    # ... and as a tuple, whose conversion raises ValueError: a returned answer, not a refusal.
+    "chunk_outputs_tuple": ({"kv_cache.py": wrong() + AS_TUPLE}, "control_chunk_local"),
     # A port with a chunk-local mask (named: caps the tier), and the same port blurred (no name: caps all the same).
     # On a Strong Hire base, so that the cap is what stands between them and Strong Hire.
     "control_port_chunk_local": ({**STRONG, "kv_cache_torch.py": PORT_CHUNK_LOCAL}, None),
     "port_chunk_local_blurred": ({**STRONG, "kv_cache_torch.py": PORT_CHUNK_LOCAL + PORT_BLUR},
                                  "control_port_chunk_local"),
+    "port_chunk_outputs_bf16": ({**STRONG, "kv_cache_torch.py": PORT_CHUNK_LOCAL + PORT_AS_BF16},
+                                "control_port_chunk_local"),
     # A port that repeats K/V, and raises at the probes' sizes so no repeat is measured.
     "port_raises_at_probe_sizes": ({"kv_cache.py": BASE, "kv_cache_torch.py": PORT + PORT_REPEAT.format(
         how=TORCH_REPEAT) + PORT_RAISES}, "control_port_repeat"),
@@ -882,7 +909,7 @@ SLOW_CASES = MEASURED | {"tests_read_wrapper_code", "tests_read_the_variant_with
                          "padded_answer", "preimport_that_exits", "tmpfile_past_disk_bound",
                          "tests_send_an_empty_chunk_of_many_heads", "control_empty_chunk",
                          "notebook_cell_of_many_statements", "control_notebook", "port_chunk_local_blurred",
-                         "control_port_chunk_local"}
+                         "control_port_chunk_local", "port_chunk_outputs_bf16"}
 CORE = [name for name in CASES if name not in SLOW_CASES]
 # Each batch grades its cases and their controls (a control may be graded in both).
 SLOW_BATCH = sorted(SLOW_CASES | {CASES[c][1] for c in SLOW_CASES if CASES[c][1]})
@@ -1323,14 +1350,17 @@ def test_a_port_silently_wrong_in_no_named_pattern_caps_as_a_named_mistake(grade
     """The control's port names chunk_local_mask and caps a Strong Hire NumPy part at Hire; blurred, it names
     nothing and is capped all the same (from the attack review of 2026-12-02)."""
     _, reports, _ = graded_measured
-    control, attack = reports["control_port_chunk_local"], reports["port_chunk_local_blurred"]
+    control = reports["control_port_chunk_local"]
     assert control["port_mistakes"] == ["chunk_local_mask"] and control["tier"] == "Hire", control["tier_reason"]
-    assert attack["port_mistakes"] == [] and attack["port_cap"] == "Hire" and attack["tier"] == "Hire", \
-        attack["tier_reason"]
+    for case in ("port_chunk_local_blurred", "port_chunk_outputs_bf16"):
+        attack = reports[case]
+        assert attack["port_cap"] == "Hire" and attack["tier"] == "Hire", (case, attack["tier_reason"])
 
 
 def test_chunk_outputs_of_another_kind_are_silently_wrong(graded):
-    """Complex chunk outputs (no float output to compare, no error) are as Weak as the wrong numbers they hide."""
+    """Complex chunk outputs, or a tuple no array is made of (no float output to compare, and no error from the
+    call), are as Weak as the wrong numbers they hide."""
     _, reports, _ = graded
-    attack = reports["chunk_outputs_complex"]
-    assert attack["tier"] == "Weak" and "silently wrong" in attack["tier_reason"], attack["tier_reason"]
+    for case in ("chunk_outputs_complex", "chunk_outputs_tuple"):
+        attack = reports[case]
+        assert attack["tier"] == "Weak" and "silently wrong" in attack["tier_reason"], (case, attack["tier_reason"])
