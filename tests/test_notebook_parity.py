@@ -290,8 +290,14 @@ def _documented_differences() -> dict:
 
 
 def test_every_difference_is_a_documented_design_choice():
-    """Each exception the comparison allows has its row, with its reason, in docs/notebook.md."""
+    """Each criterion judged differently has its row, with its reason, in docs/notebook.md; each criterion no
+    cell grades has its reason in the registry, which the note of every notebook report quotes."""
+    from grader.stages.grade import NOTEBOOK_NOTE
+
     documented = _documented_differences()
-    allowed = KVKIT_ONLY | {cid for _, cid in DIFFERENCES}
-    assert allowed <= set(documented), f"docs/notebook.md does not give {sorted(allowed - set(documented))}"
+    judged_otherwise = {cid for _, cid in DIFFERENCES}
+    assert judged_otherwise <= set(documented), \
+        f"docs/notebook.md does not give {sorted(judged_otherwise - set(documented))}"
     assert set(rubric_mod.load().criteria) >= set(documented)
+    for cid in KVKIT_ONLY:
+        assert REGISTRY[cid].not_in_notebook and f"{cid} ({REGISTRY[cid].not_in_notebook})" in NOTEBOOK_NOTE

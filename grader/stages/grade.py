@@ -86,13 +86,15 @@ def _read(path: str) -> str:
         return f.read()
 
 
-# What a notebook's grade here and in its nbgrader cells (docs/notebook.md) do not share, said in both places.
-NOTEBOOK_NOTE = ("graded as the class notebook's nbgrader cells grade it, criterion by criterion, but for two "
-                 "things: live_length (attention over the live keys) is measured here only, by timing, and no "
-                 "cell grades it; own_tests: here the notebook's check runs on this code first and earns nothing "
-                 "if it fails there, while nbgrader's test_own_check grades it on the kit's reference. A port not "
-                 "attempted counts neither for nor against in both (nbgrader gives its cell the share earned on "
-                 "the other cells; docs/notebook.md)")
+# What a notebook's grade here and in its nbgrader cells (docs/notebook.md) do not share. The criteria no cell
+# grades, and why, are the registry's (``not_in_notebook``): a new one is said here without another edit.
+NOTEBOOK_NOTE = ("graded as the class notebook's nbgrader cells grade it, criterion by criterion, but: no nbgrader "
+                 "cell grades " + "; ".join(f"{cid} ({spec.not_in_notebook})" for cid, spec in registry.REGISTRY.items()
+                                            if spec.not_in_notebook)
+                 + "; own_tests: here the notebook's check runs on this code first and earns nothing if it fails "
+                 "there, while nbgrader's test_own_check grades it on the kit's reference. A port not attempted "
+                 "counts neither for nor against in both (nbgrader gives its cell the share earned on the other "
+                 "cells; docs/notebook.md)")
 
 
 def grade(path: str, options: Options | None = None) -> dict:
